@@ -1,0 +1,3 @@
+from gleak.cli import main
+
+main()
