@@ -1,0 +1,69 @@
+"""File helpers shared by every writer: atomic writes that never overwrite without ``force``, hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import torch
+
+from gleak.errors import GleakError
+
+
+def check_writable(path: Path, force: bool) -> None:
+    """Refuse to overwrite ``path`` unless ``force``; make sure its folder exists."""
+    if path.exists() and not force:
+        raise GleakError(f"{path} already exists; pass --force (force=True) to overwrite it")
+    if path.exists() and path.is_dir():
+        raise GleakError(f"{path} is a directory, expected a file path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], force: bool = False) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place.
+
+    A crash or an exception leaves either the old file or nothing, never a half-written file.
+    """
+    target = Path(path)
+    check_writable(target, force)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return target
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, force: bool = False) -> Path:
+    return write_atomic(path, lambda tmp: tmp.write_bytes(data), force=force)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, force: bool = False) -> Path:
+    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), force=force)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """Hash of named tensors, independent of file layout: sorted names, dtypes, shapes and raw bytes."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
