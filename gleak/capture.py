@@ -1,0 +1,507 @@
+"""Capture format v1 (DESIGN §4): one client contribution (gradient or update) in a safetensors file.
+
+Tensors keep the model's ``state_dict`` names. Metadata is strings only (a safetensors rule); every known
+key is parsed through one typed schema table, :data:`SCHEMA`, and unknown keys are kept verbatim.
+A *truth* companion file (``<capture>.truth.safetensors``) holds the labels and inputs for scoring.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from gleak import __version__
+from gleak.errors import GleakError
+from gleak.io import file_sha256, tensors_sha256, write_atomic
+from gleak.losses import LossSpec, client_loss
+
+SCHEMA_VERSION = 1
+KINDS = ("gradient", "update")
+TRUTH_KIND = "truth"
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Field:
+    """One metadata key: its type, the allowed values for enums, and what it means."""
+
+    type: str  # str | int | float | bool | enum | int_list | float_list | str_list | json
+    doc: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+
+
+SCHEMA: dict[str, Field] = {
+    "format": Field("enum", "safetensors' framework tag", ("pt",)),
+    "gleak.schema_version": Field("int", "capture format version", minimum=1),
+    "gleak.kind": Field("enum", "gradient = dL/dθ of one step; update = θ_local − θ_global",
+                        (*KINDS, TRUTH_KIND)),
+    "gleak.batch_size": Field("int", "examples per local step (B)", minimum=1),
+    "gleak.num_examples": Field("int", "examples behind the contribution (m·B for m steps)", minimum=1),
+    "gleak.local_steps": Field("int", "local optimizer steps (m); 1 for FedSGD", minimum=1),
+    "gleak.learning_rate": Field("float", "client learning rate η", minimum=0),
+    "gleak.optimizer": Field("enum", "client optimizer", ("sgd", "sgdm", "nag", "adam")),
+    "gleak.momentum": Field("float", "momentum of sgdm / nag", minimum=0),
+    "gleak.weight_decay": Field("float", "L2 weight decay of the optimizer", minimum=0),
+    "gleak.loss": Field("enum", "training loss", ("cross_entropy", "focal", "bce")),
+    "gleak.loss.reduction": Field("enum", "reduction over the batch", ("mean", "sum")),
+    "gleak.focal.gamma": Field("float", "focal-loss focusing parameter γ", minimum=0),
+    "gleak.focal.alpha": Field("float", "focal-loss weight α", minimum=0),
+    "gleak.temperature": Field("float", "softmax temperature τ (logits / τ)", minimum=0),
+    "gleak.label_smoothing": Field("float", "label smoothing ε: y = (1 − ε)·onehot + ε/C", minimum=0),
+    "gleak.mixup": Field("json", "mixup settings, e.g. {\"ratio\": 0.3} or {\"ratio\": null} (drawn U(0,1))"),
+    "gleak.fl.scheme": Field("enum", "federated scheme",
+                             ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc")),
+    "gleak.fl.mu": Field("float", "FedProx proximal weight μ", minimum=0),
+    "gleak.fl.alpha": Field("float", "FedDyn / FedDC regulariser α", minimum=0),
+    "gleak.fl.round": Field("int", "federated round", minimum=0),
+    "gleak.fl.client_id": Field("str", "client identifier"),
+    "gleak.num_classes": Field("int", "number of classes C", minimum=1),
+    "gleak.input_shape": Field("int_list", "input shape (C, H, W) without the batch"),
+    "gleak.data.mean": Field("float_list", "per-channel normalisation mean"),
+    "gleak.data.std": Field("float_list", "per-channel normalisation std"),
+    "gleak.model.sha256": Field("str", "sha256 of the global model's weights (gleak.io.tensors_sha256)"),
+    "gleak.model.train_mode": Field("bool", "model in train mode (BatchNorm/Dropout) during the step"),
+    "gleak.batch.composition": Field("str", "how the batch labels were drawn"),
+    "gleak.defense": Field("json", "defense applied to the contribution"),
+    "gleak.buffers": Field("str_list", "names of buffer tensors (e.g. BatchNorm statistics)"),
+    "gleak.producer": Field("str", "what wrote the file"),
+    "gleak.created_at": Field("str", "ISO-8601 creation time"),
+    "gleak.seed": Field("int", "seed of the simulation that produced the file"),
+    "gleak.capture.sha256": Field("str", "truth files: sha256 of the capture file they belong to"),
+}
+
+
+def _parse_value(key: str, raw: str) -> Any:
+    spec = SCHEMA[key]
+    expected = {
+        "int": "an integer", "float": "a number", "bool": "true or false", "json": "JSON",
+        "int_list": "a JSON list of integers", "float_list": "a JSON list of numbers",
+        "str_list": "a JSON list of strings", "str": "a string",
+        "enum": "one of " + ", ".join(spec.choices),
+    }[spec.type]
+    bad = GleakError(f"metadata key '{key}' has value {raw[:80]!r}; expected {expected}")
+    value: Any
+    try:
+        if spec.type == "str":
+            value = raw
+        elif spec.type == "enum":
+            if raw not in spec.choices:
+                raise bad
+            value = raw
+        elif spec.type == "int":
+            value = int(raw.strip())
+        elif spec.type == "float":
+            value = float(raw.strip())
+            if not math.isfinite(value):
+                raise bad
+        elif spec.type == "bool":
+            if raw.strip().lower() not in ("true", "false", "1", "0"):
+                raise bad
+            value = raw.strip().lower() in ("true", "1")
+        else:
+            value = json.loads(raw)
+            if spec.type.endswith("_list"):
+                elem = {"int_list": int, "float_list": (int, float), "str_list": str}[spec.type]
+                if not isinstance(value, list) or not all(
+                    isinstance(v, elem) and not isinstance(v, bool) for v in value
+                ):
+                    raise bad
+                if spec.type == "float_list":
+                    value = [float(v) for v in value]
+                    if not all(math.isfinite(v) for v in value):
+                        raise bad
+    except (ValueError, TypeError, RecursionError):
+        raise bad from None
+    if spec.minimum is not None and isinstance(value, int | float) and value < spec.minimum:
+        raise GleakError(f"metadata key '{key}' is {value}; it must be ≥ {spec.minimum:g}")
+    return value
+
+
+def _format_value(key: str, value: Any) -> str:
+    spec = SCHEMA.get(key)
+    if spec is None or spec.type in ("str", "enum"):
+        return str(value)
+    if spec.type == "bool":
+        return "true" if value else "false"
+    if spec.type in ("int", "float"):
+        return repr(value) if spec.type == "float" else str(int(value))
+    return json.dumps(value, separators=(",", ":"))
+
+
+def parse_metadata(raw: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Split raw string metadata into typed known values and verbatim unknown keys."""
+    known: dict[str, Any] = {}
+    extra: dict[str, str] = {}
+    for key, value in raw.items():
+        if key in SCHEMA:
+            known[key] = _parse_value(key, value)
+        else:
+            extra[key] = value
+    return known, extra
+
+
+def format_metadata(meta: Mapping[str, Any], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Typed values back to strings; validates them through the same schema."""
+    out = dict(extra or {})
+    for key, value in meta.items():
+        if value is None:
+            continue
+        text = _format_value(key, value)
+        if key in SCHEMA:
+            _parse_value(key, text)
+        out[key] = text
+    return out
+
+
+@dataclass
+class Capture:
+    """A captured gradient or update: tensors by state-dict name, typed metadata, unknown keys kept."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    extra: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta["gleak.kind"])
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.meta.get(key, default)
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.meta.get("gleak.batch_size")
+
+    @property
+    def local_steps(self) -> int:
+        return int(self.meta.get("gleak.local_steps", 1))
+
+    @property
+    def learning_rate(self) -> float | None:
+        return self.meta.get("gleak.learning_rate")
+
+    @property
+    def num_classes(self) -> int | None:
+        return self.meta.get("gleak.num_classes")
+
+    @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        shape = self.meta.get("gleak.input_shape")
+        return tuple(shape) if shape else None
+
+    @property
+    def buffers(self) -> list[str]:
+        return list(self.meta.get("gleak.buffers", []))
+
+    def num_parameters(self) -> int:
+        buffers = set(self.buffers)
+        return sum(t.numel() for n, t in self.tensors.items() if n not in buffers)
+
+    def metadata_strings(self) -> dict[str, str]:
+        return format_metadata(self.meta, self.extra)
+
+
+@dataclass
+class Truth:
+    """Ground truth for a capture: labels (int64 [N] or soft float [N, C]) and the inputs the model saw."""
+
+    labels: torch.Tensor
+    inputs: torch.Tensor
+    meta: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def soft(self) -> bool:
+        return self.labels.dim() == 2
+
+    def hard_labels(self) -> torch.Tensor:
+        """Class index per example (argmax for soft labels)."""
+        return self.labels.argmax(dim=1) if self.soft else self.labels
+
+    def counts(self, num_classes: int) -> torch.Tensor:
+        """Examples per class; soft labels count their mass (Σ_n y_nc)."""
+        if self.soft:
+            return self.labels.sum(dim=0).double()
+        return torch.bincount(self.labels, minlength=num_classes).double()
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """Validate the safetensors framing ourselves so that errors are precise; return the header."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise GleakError(f"{path}: not a safetensors file (only {len(head)} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n == 0 or n > MAX_HEADER_BYTES:
+                raise GleakError(f"{path}: not a safetensors file (header length {n} is implausible)")
+            if n > size - 8:
+                raise GleakError(
+                    f"{path}: truncated header (it declares {n} bytes, the file has {size - 8} after the length)"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise GleakError(f"{path}: cannot read file ({e.strerror or e})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise GleakError(f"{path}: not a safetensors file (header is not valid JSON)") from None
+    if not isinstance(header, dict):
+        raise GleakError(f"{path}: not a safetensors file (header is not a JSON object)")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise GleakError(f"{path}: safetensors metadata must map strings to strings")
+    data_len = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) for o in offsets)):
+            raise GleakError(f"{path}: tensor '{name}' has a malformed header entry")
+        if offsets[1] > data_len:
+            raise GleakError(
+                f"{path}: truncated file (tensor '{name}' needs bytes up to {offsets[1]}, "
+                f"only {data_len} present)"
+            )
+    return header, n
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read every tensor and the raw metadata of a safetensors file, with readable errors."""
+    p = Path(path)
+    if not p.exists():
+        raise GleakError(f"{p}: no such file")
+    if p.is_dir():
+        raise GleakError(f"{p}: is a directory, expected a .safetensors file")
+    header, _ = _read_header(p)
+    try:
+        tensors: dict[str, torch.Tensor] = {}
+        with safe_open(str(p), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                tensors[name] = f.get_tensor(name)
+    except GleakError:
+        raise
+    except Exception as e:  # the Rust reader reports dtype/shape/offset problems as generic errors
+        raise GleakError(f"{p}: not a valid safetensors file ({str(e).splitlines()[0][:200]})") from None
+    order = [k for k in header if k != "__metadata__"]
+    ordered = {k: tensors[k] for k in sorted(order, key=lambda k: header[k]["data_offsets"][0])}
+    return ordered, meta
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], what: str = "tensor") -> None:
+    for name, t in tensors.items():
+        if t.is_floating_point() or t.is_complex():
+            finite = torch.isfinite(t)
+            if not bool(finite.all()):
+                bad = int((~finite).sum())
+                kinds = []
+                if bool(torch.isnan(t).any()):
+                    kinds.append("NaN")
+                if bool(torch.isinf(t).any()):
+                    kinds.append("Inf")
+                raise GleakError(f"{what} '{name}' contains {'/'.join(kinds)} ({bad} of {t.numel()} values)")
+
+
+def load_capture(path: str | Path) -> Capture:
+    """Read and validate a capture file (framing, metadata types, kind, finite values)."""
+    p = Path(path)
+    tensors, raw_meta = read_safetensors(p)
+    known, extra = parse_metadata(raw_meta)
+    kind = known.get("gleak.kind")
+    if kind is None:
+        raise GleakError(f"{p}: missing metadata key 'gleak.kind' (one of {', '.join(KINDS)}); not a gleak capture?")
+    if kind == TRUTH_KIND:
+        raise GleakError(f"{p}: this is a ground-truth file (gleak.kind=truth), not a capture")
+    version = known.get("gleak.schema_version", SCHEMA_VERSION)
+    if version > SCHEMA_VERSION:
+        raise GleakError(f"{p}: capture schema version {version} is newer than this gleak supports ({SCHEMA_VERSION})")
+    if not tensors:
+        raise GleakError(f"{p}: the capture holds no tensors")
+    check_finite(tensors)
+    return Capture(tensors=tensors, meta=known, extra=extra, path=p)
+
+
+def validate_against_model(capture: Capture, model: nn.Module) -> None:
+    """The capture must hold exactly the model's parameters (buffers optional), with the same shapes."""
+    state = model.state_dict()
+    buffer_names = {n for n, _ in model.named_buffers()}
+    params = [n for n in state if n not in buffer_names]
+    missing = [n for n in params if n not in capture.tensors]
+    extra = [n for n in capture.tensors if n not in state]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} model tensor(s): {_names(missing)}")
+    if extra:
+        problems.append(f"{len(extra)} tensor(s) not in the model: {_names(extra)}")
+    if problems:
+        raise GleakError("capture does not match the model: " + "; ".join(problems))
+    for name, t in capture.tensors.items():
+        expected = tuple(state[name].shape)
+        if tuple(t.shape) != expected:
+            raise GleakError(
+                f"shape mismatch for '{name}': capture has {list(t.shape)}, model has {list(expected)}"
+            )
+
+
+def _names(names: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def _save(tensors: Mapping[str, torch.Tensor], meta: dict[str, str], path: str | Path, force: bool) -> Path:
+    data = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    return write_atomic(path, lambda tmp: save_file(data, str(tmp), metadata=meta), force=force)
+
+
+def save_capture(capture: Capture, path: str | Path, force: bool = False) -> Path:
+    """Write a capture atomically; refuses to overwrite an existing file unless ``force``."""
+    if capture.meta.get("gleak.kind") not in KINDS:
+        raise GleakError(f"capture kind must be one of {', '.join(KINDS)}")
+    check_finite(capture.tensors)
+    meta = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.producer": f"gleak {__version__}",
+            "gleak.created_at": datetime.now(UTC).isoformat(timespec="seconds"), **capture.meta}
+    out = _save(capture.tensors, format_metadata(meta, capture.extra), path, force)
+    capture.path = out
+    return out
+
+
+def truth_path_for(capture_path: str | Path) -> Path:
+    """``run.safetensors`` -> ``run.truth.safetensors``."""
+    p = Path(capture_path)
+    stem = p.name[: -len(".safetensors")] if p.name.endswith(".safetensors") else p.stem
+    return p.with_name(stem + ".truth.safetensors")
+
+
+def save_truth(truth: Truth, path: str | Path, capture_path: str | Path | None = None, force: bool = False) -> Path:
+    """Write the ground-truth companion; binds it to the capture file's sha256 when given."""
+    meta: dict[str, Any] = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.kind": TRUTH_KIND,
+                            **truth.meta}
+    if capture_path is not None:
+        meta["gleak.capture.sha256"] = file_sha256(capture_path)
+    return _save({"labels": truth.labels, "inputs": truth.inputs}, format_metadata(meta, truth.extra), path, force)
+
+
+def load_truth(path: str | Path, capture: Capture | None = None) -> Truth:
+    """Read a truth file; when ``capture`` has a path, check the file belongs to it."""
+    p = Path(path)
+    tensors, raw_meta = read_safetensors(p)
+    known, extra = parse_metadata(raw_meta)
+    if known.get("gleak.kind") != TRUTH_KIND:
+        raise GleakError(f"{p}: not a ground-truth file (gleak.kind is {known.get('gleak.kind')!r}, expected 'truth')")
+    for name in ("labels", "inputs"):
+        if name not in tensors:
+            raise GleakError(f"{p}: ground-truth file lacks the '{name}' tensor")
+    labels, inputs = tensors["labels"], tensors["inputs"]
+    if labels.dim() == 1 and labels.dtype != torch.int64:
+        raise GleakError(f"{p}: hard labels must be int64 [N], got {labels.dtype}")
+    if labels.dim() == 2 and not labels.is_floating_point():
+        raise GleakError(f"{p}: soft labels must be float [N, C], got {labels.dtype}")
+    if labels.dim() not in (1, 2) or labels.shape[0] != inputs.shape[0]:
+        raise GleakError(f"{p}: labels {list(labels.shape)} and inputs {list(inputs.shape)} disagree")
+    check_finite({"labels": labels, "inputs": inputs}, what="truth tensor")
+    expected_sha = known.get("gleak.capture.sha256")
+    if capture is not None and capture.path is not None and expected_sha:
+        actual = file_sha256(capture.path)
+        if actual != expected_sha:
+            raise GleakError(f"{p}: ground truth belongs to a different capture (sha256 {expected_sha[:12]}…, "
+                             f"capture is {actual[:12]}…)")
+    return Truth(labels=labels, inputs=inputs, meta=known, extra=extra)
+
+
+# ------------------------------------------------------------------------------- helpers for user code
+
+
+def _base_meta(model_state: Mapping[str, torch.Tensor], **meta: Any) -> dict[str, Any]:
+    out = {"gleak.model.sha256": tensors_sha256(model_state)}
+    out.update({k: v for k, v in meta.items() if v is not None})
+    return out
+
+
+def capture_gradients(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    loss: LossSpec | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    include_buffers: bool = False,
+) -> Capture:
+    """FedSGD capture: dL/dθ of one batch, computed with the model in its current train/eval mode.
+
+    ``labels`` are class indices [B] or soft labels [B, C]. ``metadata`` adds or overrides gleak.* keys.
+    """
+    spec = loss or LossSpec()
+    params = dict(model.named_parameters())
+    global_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    model.zero_grad(set_to_none=True)
+    logits = model(inputs)
+    value = client_loss(logits, labels, spec)
+    grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+    tensors = {n: (g if g is not None else torch.zeros_like(p)).detach().cpu() for (n, p), g in zip(params.items(), grads,
+                                                                                              strict=True)}
+    buffers = [n for n, _ in model.named_buffers()] if include_buffers else []
+    for n in buffers:
+        tensors[n] = global_state[n]
+    meta = _base_meta(
+        global_state, **{"gleak.kind": "gradient", "gleak.batch_size": int(inputs.shape[0]),
+                         "gleak.num_examples": int(inputs.shape[0]), "gleak.local_steps": 1,
+                         "gleak.fl.scheme": "fedsgd", "gleak.num_classes": int(logits.shape[-1]),
+                         "gleak.input_shape": list(inputs.shape[1:]),
+                         "gleak.model.train_mode": model.training, **spec.metadata()},
+    )
+    if buffers:
+        meta["gleak.buffers"] = buffers
+    meta.update(metadata or {})
+    return Capture(tensors=tensors, meta=meta)
+
+
+def capture_update(
+    global_state: Mapping[str, torch.Tensor],
+    local_state: Mapping[str, torch.Tensor],
+    learning_rate: float | None = None,
+    local_steps: int = 1,
+    batch_size: int | None = None,
+    buffers: Iterable[str] = (),
+    metadata: Mapping[str, Any] | None = None,
+) -> Capture:
+    """FedAvg-style capture: Δθ = θ_local − θ_global for every tensor of the two state dicts."""
+    if set(global_state) != set(local_state):
+        diff = sorted(set(global_state) ^ set(local_state))
+        raise GleakError(f"the two state dicts have different tensors: {_names(diff)}")
+    tensors = {}
+    for name, g in global_state.items():
+        loc = local_state[name]
+        if tuple(loc.shape) != tuple(g.shape):
+            raise GleakError(f"shape mismatch for '{name}': global {list(g.shape)}, local {list(loc.shape)}")
+        tensors[name] = (loc.detach().cpu() - g.detach().cpu())
+    buffer_list = list(buffers)
+    meta = _base_meta(global_state, **{
+        "gleak.kind": "update", "gleak.local_steps": local_steps, "gleak.learning_rate": learning_rate,
+        "gleak.batch_size": batch_size,
+        "gleak.num_examples": batch_size * local_steps if batch_size else None,
+    })
+    if buffer_list:
+        meta["gleak.buffers"] = buffer_list
+    meta.update(metadata or {})
+    return Capture(tensors=tensors, meta=meta)

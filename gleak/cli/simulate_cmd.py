@@ -1,0 +1,113 @@
+"""`gleak simulate`: run a realistic FL client on data and write a capture plus its ground truth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from gleak.capture import save_capture, save_truth, truth_path_for
+from gleak.cli.common import (
+    ArchKwargsOpt,
+    ArchOpt,
+    DeviceOpt,
+    ForceOpt,
+    QuietOpt,
+    SeedOpt,
+    TrustPickleOpt,
+    VerboseOpt,
+    console,
+    handle_errors,
+    parse_json_object,
+    resolve_device,
+)
+from gleak.data import load_dataset
+from gleak.errors import GleakError
+from gleak.io import check_writable
+from gleak.losses import LossSpec
+from gleak.models import load_model
+from gleak.simulate import ClientConfig, simulate_client
+
+
+def parse_labels(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        labels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise GleakError(f"--labels must be comma-separated class indices, got '{text}'") from None
+    if any(c < 0 for c in labels):
+        raise GleakError("--labels must be non-negative class indices")
+    return labels
+
+
+@handle_errors
+def simulate(
+    model: Annotated[Path, typer.Option("--model", "-M", help="Global model file.")],
+    data: Annotated[Path, typer.Option("--data", "-d", help="Dataset: .safetensors or an image folder.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Capture file to write (.safetensors).")],
+    arch: ArchOpt = None,
+    arch_kwargs: ArchKwargsOpt = None,
+    trust_pickle: TrustPickleOpt = False,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per local step (B).")] = 8,
+    local_steps: Annotated[int, typer.Option("--local-steps", "-m", help="Local steps, each on a fresh batch.")] = 1,
+    scheme: Annotated[str | None, typer.Option(help="fedsgd (one gradient), fedavg or fedprox (an update). "
+                                               "Default: fedsgd for one step, fedavg for more.")] = None,
+    lr: Annotated[float, typer.Option("--lr", help="Client learning rate.")] = 0.01,
+    optimizer: Annotated[str, typer.Option(help="sgd, sgdm (momentum), nag (Nesterov) or adam.")] = "sgd",
+    momentum: Annotated[float, typer.Option(help="Momentum for sgdm / nag.")] = 0.9,
+    weight_decay: Annotated[float, typer.Option(help="L2 weight decay.")] = 0.0,
+    mu: Annotated[float, typer.Option(help="FedProx proximal weight μ.")] = 0.0,
+    loss: Annotated[str, typer.Option(help="cross_entropy, focal or bce.")] = "cross_entropy",
+    reduction: Annotated[str, typer.Option(help="Loss reduction over the batch: mean or sum.")] = "mean",
+    focal_gamma: Annotated[float, typer.Option(help="Focal loss γ.")] = 2.0,
+    focal_alpha: Annotated[float, typer.Option(help="Focal loss α.")] = 1.0,
+    temperature: Annotated[float, typer.Option(help="Softmax temperature τ.")] = 1.0,
+    label_smoothing: Annotated[float, typer.Option(help="Label smoothing ε.")] = 0.0,
+    mixup: Annotated[bool, typer.Option("--mixup", help="Mix each example with one of another class.")] = False,
+    mixup_ratio: Annotated[float | None, typer.Option(help="Fixed mixup ratio r; default U(0, 1) per pair.")] = None,
+    composition: Annotated[str, typer.Option(help="uniform, unique, unbalanced or explicit.")] = "uniform",
+    labels: Annotated[str | None, typer.Option(help="Explicit labels, e.g. '3,3,7' (B or m·B of them).")] = None,
+    train_mode: Annotated[bool, typer.Option("--train-mode/--eval-mode",
+                                             help="Model mode during the step (BatchNorm, Dropout).")] = True,
+    no_truth: Annotated[bool, typer.Option("--no-truth", help="Do not write the ground-truth file.")] = False,
+    device: DeviceOpt = "cpu",
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Simulate a client step (or steps) on real data; write a capture and its ground truth."""
+    label_list = parse_labels(labels)
+    config = ClientConfig(
+        batch_size=batch_size, local_steps=local_steps,
+        scheme=scheme or ("fedsgd" if local_steps == 1 else "fedavg"),
+        learning_rate=lr, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, mu=mu,
+        loss=LossSpec(loss, reduction, temperature, label_smoothing, focal_gamma, focal_alpha),
+        mixup=mixup, mixup_ratio=mixup_ratio,
+        composition="explicit" if label_list and composition == "uniform" else composition,
+        labels=label_list, train_mode=train_mode, seed=seed,
+    )
+    truth_path = truth_path_for(output)
+    check_writable(output, force)
+    if not no_truth:
+        check_writable(truth_path, force)
+    loaded = load_model(model, arch, parse_json_object(arch_kwargs, "--arch-kwargs"), trust_pickle)
+    dataset = load_dataset(data)
+    if loaded.input_shape and tuple(loaded.input_shape) != dataset.input_shape:
+        raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "
+                         f"{list(dataset.input_shape)}")
+    capture, truth = simulate_client(loaded.module, dataset, config, resolve_device(device))
+    save_capture(capture, output, force=force)
+    if not no_truth:
+        save_truth(truth, truth_path, capture_path=output, force=force)
+    if not quiet:
+        hard = truth.hard_labels()
+        counts = torch.bincount(hard, minlength=capture.num_classes or 0)
+        shown = ", ".join(f"{c}×{int(n)}" for c, n in enumerate(counts.tolist()) if n)
+        console.print(f"[bold]{capture.kind}[/] of {config.local_steps} step(s) × B = {config.batch_size} "
+                      f"({config.scheme}, {config.optimizer}, lr {config.learning_rate:g})")
+        console.print(f"labels (class×count): {shown}")
+        console.print(f"wrote {output}" + ("" if no_truth else f" and {truth_path}"))

@@ -1,0 +1,487 @@
+"""Load and save models: safetensors + arch spec, state dicts, TorchScript, torch.export, trusted pickles."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import pickle
+import struct
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gleak.errors import GleakError
+from gleak.io import tensors_sha256, write_atomic
+from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
+
+TORCHVISION_INPUT_SHAPE = (3, 224, 224)
+META_ARCH = "gleak.arch"
+META_KWARGS = "gleak.arch_kwargs"
+META_INPUT_SHAPE = "gleak.input_shape"
+STATE_DICT_ENTRIES = ("state_dict", "model_state_dict")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for analysis, with where it came from."""
+
+    module: nn.Module
+    source: str
+    arch: str | None
+    arch_kwargs: dict[str, Any] = field(default_factory=dict)
+    input_shape: tuple[int, ...] | None = None
+    weights_sha256: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- arch specs
+
+
+def parse_arch_kwargs(
+    arch_kwargs: Mapping[str, Any] | str | None, what: str = "arch kwargs"
+) -> dict[str, Any]:
+    """Accept a mapping or a JSON object string (``--arch-kwargs '{"num_classes": 100}'``)."""
+    if arch_kwargs is None:
+        return {}
+    if isinstance(arch_kwargs, str):
+        text = arch_kwargs.strip()
+        if not text:
+            return {}
+        try:
+            arch_kwargs = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GleakError(f"{what} are not valid JSON ({exc.msg} at char {exc.pos}): {text!r}") from None
+    if not isinstance(arch_kwargs, Mapping):
+        raise GleakError(f'{what} must be a JSON object like {{"num_classes": 10}}, got {arch_kwargs!r}')
+    if not all(isinstance(k, str) for k in arch_kwargs):
+        raise GleakError(f"{what} must have string keys, got {list(arch_kwargs)}")
+    return dict(arch_kwargs)
+
+
+def _is_zoo(arch: str) -> bool:
+    return arch.startswith("zoo:") or arch in ZOO
+
+
+def _unknown_arch(arch: str) -> GleakError:
+    return GleakError(
+        f"unknown arch {arch!r}; use a zoo model ({', '.join(ZOO)}), 'torchvision:NAME' "
+        "or 'package.module:factory'"
+    )
+
+
+def build_arch(arch: str, arch_kwargs: Mapping[str, Any] | str | None = None) -> nn.Module:
+    """Build an untrained model from an arch spec: zoo name, ``torchvision:NAME`` or ``module:factory``."""
+    kwargs = parse_arch_kwargs(arch_kwargs)
+    arch = arch.strip()
+    if _is_zoo(arch):
+        return build_zoo_model(arch, **kwargs)
+    if arch.startswith("torchvision:"):
+        return _build_torchvision(arch.removeprefix("torchvision:"), kwargs)
+    if ":" in arch:
+        return _build_import(arch, kwargs)
+    raise _unknown_arch(arch)
+
+
+def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    import torchvision.models
+
+    if "weights" in kwargs or "weights_backbone" in kwargs:
+        raise GleakError(
+            "torchvision archs are always built with weights=None; load trained weights from a file"
+        )
+    available = set(torchvision.models.list_models())
+    if name not in available:
+        import difflib
+
+        close = difflib.get_close_matches(name, sorted(available), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
+        raise GleakError(f"unknown torchvision model {name!r}{hint}")
+    try:
+        return torchvision.models.get_model(name, weights=None, **kwargs)
+    except Exception as exc:  # any constructor failure is a bad kwarg from the user
+        raise GleakError(f"cannot build torchvision:{name} with {kwargs}: {_why(exc)}") from None
+
+
+def _build_import(spec: str, kwargs: dict[str, Any]) -> nn.Module:
+    module_name, _, attr_path = spec.partition(":")
+    if not module_name or not attr_path:
+        raise _unknown_arch(spec)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise GleakError(f"cannot import {module_name!r} for arch {spec!r}: {_why(exc)}") from None
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise GleakError(f"arch {spec!r}: {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise GleakError(f"arch {spec!r}: {attr_path!r} is not callable")
+    try:
+        module = obj(**kwargs)
+    except Exception as exc:
+        raise GleakError(f"arch {spec!r} failed with {kwargs}: {_why(exc)}") from None
+    if not isinstance(module, nn.Module):
+        raise GleakError(f"arch {spec!r} returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def arch_input_shape(
+    arch: str | None, arch_kwargs: Mapping[str, Any] | None = None
+) -> tuple[int, ...] | None:
+    """Default (C, H, W) input of an arch spec, when it is known."""
+    if arch is None:
+        return None
+    if _is_zoo(arch):
+        return zoo_input_shape(arch, **dict(arch_kwargs or {}))
+    if arch.startswith("torchvision:"):
+        return TORCHVISION_INPUT_SHAPE
+    return None
+
+
+def _parse_shape(text: str | None, what: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise GleakError(f"{what} is not a JSON list of integers: {text!r}") from None
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, int) and v > 0 for v in value):
+        raise GleakError(f"{what} is not a JSON list of positive integers: {text!r}")
+    return tuple(value)
+
+
+# --------------------------------------------------------------------------- state dicts
+
+
+def _short(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f", ... (+{len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _strip_prefix(state: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
+    """Drop a ``module.`` prefix left by DataParallel/DDP when the model itself has none."""
+    prefix = "module."
+    if state and all(k.startswith(prefix) for k in state) and not any(k.startswith(prefix) for k in expected):
+        return {k[len(prefix) :]: v for k, v in state.items()}
+    return state
+
+
+def load_state_dict_strict(module: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """Load ``state`` into ``module``; every missing/unexpected key or shape mismatch is a GleakError."""
+    expected = module.state_dict()
+    state = _strip_prefix(dict(state), set(expected))
+    missing = [k for k in expected if k not in state and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [
+        f"{k!r} is {list(state[k].shape)} in the file but {list(expected[k].shape)} in the model"
+        for k in expected
+        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_short(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_short(unexpected)}")
+    if mismatched:
+        problems.append(
+            "shape mismatch: " + "; ".join(mismatched[:4]) + ("; ..." if len(mismatched) > 4 else "")
+        )
+    if problems:
+        raise GleakError(f"{where} does not match the architecture: " + "; ".join(problems))
+    try:
+        module.load_state_dict(state, strict=False)
+    except Exception as exc:
+        raise GleakError(f"{where}: cannot load the weights: {_why(exc)}") from None
+
+
+def _as_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
+    """Return ``obj`` (or its state_dict entry) if it is a flat mapping of names to tensors."""
+    if not isinstance(obj, Mapping):
+        return None
+    if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        return dict(obj)
+    for entry in STATE_DICT_ENTRIES:
+        if entry in obj:
+            return _as_state_dict(obj[entry])
+    return None
+
+
+# --------------------------------------------------------------------------- format detection
+
+
+def _sniff(path: Path) -> str | None:
+    """Guess the format from the content: safetensors, torchscript, export, torch or None."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    size = path.stat().st_size
+    if len(head) == 9:
+        (header_len,) = struct.unpack("<Q", head[:8])
+        if 0 < header_len <= size - 8 and head[8:9] == b"{":
+            return "safetensors"
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return None
+        parts = [n.split("/") for n in names]
+        # Entries sit under one top-level folder: "<name>/archive_format", "<name>/code/__torch__.py".
+        if any(
+            len(p) <= 2 and p[-1] in ("archive_format", "serialized_exported_program.json") for p in parts
+        ):
+            return "export"
+        if any((len(p) >= 3 and p[1] == "code") or (len(p) == 2 and p[1] == "constants.pkl") for p in parts):
+            return "torchscript"
+        return "torch"
+    if head[:1] == b"\x80":  # legacy (non-zip) torch.save pickle
+        return "torch"
+    return None
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    arch: str | None = None,
+    arch_kwargs: Mapping[str, Any] | str | None = None,
+    trust_pickle: bool = False,
+) -> LoadedModel:
+    """Load a model file (.safetensors, .pt/.pth/.bin state dict or TorchScript, .pt2 export) in eval mode."""
+    file = Path(path)
+    if not file.exists():
+        raise GleakError(f"model file {file} does not exist")
+    if not file.is_file():
+        raise GleakError(f"model path {file} is not a file")
+    try:
+        fmt = _sniff(file)
+    except OSError as exc:
+        raise GleakError(f"cannot read model file {file}: {exc.strerror or exc}") from None
+    if fmt is None:
+        raise GleakError(
+            f"{file} is not a recognised model file (not safetensors, not a zip archive from "
+            "torch.save/torch.jit.save/torch.export.save, not a pickle)"
+        )
+    kwargs = None if arch_kwargs is None else parse_arch_kwargs(arch_kwargs)
+    if fmt == "safetensors":
+        loaded = _load_safetensors(file, arch, kwargs)
+    elif fmt == "export":
+        loaded = _load_export(file)
+    elif fmt == "torchscript":
+        loaded = _load_torchscript(file)
+    else:
+        loaded = _load_torch(file, arch, kwargs, trust_pickle)
+    if loaded.arch is None and arch is not None:
+        # A self-contained program: the arch only documents the expected input.
+        loaded.arch, loaded.arch_kwargs = arch, kwargs or {}
+        if loaded.input_shape is None:
+            loaded.input_shape = arch_input_shape(arch, loaded.arch_kwargs)
+    _set_eval(loaded.module)
+    loaded.weights_sha256 = tensors_sha256(loaded.module.state_dict())
+    return loaded
+
+
+def _set_eval(module: nn.Module) -> None:
+    # torch.export modules refuse eval(); their graph was captured in eval mode already.
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        module.eval()
+
+
+def _from_state_dict(
+    file: Path, state: Mapping[str, torch.Tensor], arch: str | None, kwargs: dict[str, Any], what: str
+) -> nn.Module:
+    if arch is None:
+        raise GleakError(
+            f"{file} holds only weights ({what}); it needs --arch "
+            "(a zoo name, torchvision:NAME or package.module:factory)"
+        )
+    module = build_arch(arch, kwargs)
+    load_state_dict_strict(module, state, f"{file} ({what}, arch {arch!r})")
+    return module
+
+
+def _load_safetensors(file: Path, arch: str | None, kwargs: dict[str, Any] | None) -> LoadedModel:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            metadata = dict(f.metadata() or {})
+            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except Exception as exc:
+        raise GleakError(f"{file} is not a readable safetensors file: {_why(exc)}") from None
+    file_arch = metadata.get(META_ARCH)
+    file_kwargs = parse_arch_kwargs(metadata.get(META_KWARGS), f"{file}: metadata {META_KWARGS}")
+    same_arch = arch is None or (file_arch is not None and _same_arch(arch, file_arch))
+    use_arch = arch if arch is not None else file_arch
+    use_kwargs = kwargs if kwargs is not None else (file_kwargs if same_arch else {})
+    module = _from_state_dict(file, state, use_arch, use_kwargs, "safetensors weights")
+    assert use_arch is not None
+    shape = _parse_shape(metadata.get(META_INPUT_SHAPE), f"{file}: metadata {META_INPUT_SHAPE}")
+    if shape is None or not same_arch or kwargs is not None:
+        shape = arch_input_shape(use_arch, use_kwargs) or shape
+    return LoadedModel(
+        module=module,
+        source=f"safetensors weights + {_describe_arch(use_arch)}",
+        arch=use_arch,
+        arch_kwargs=use_kwargs,
+        input_shape=shape,
+        metadata=metadata,
+    )
+
+
+def _same_arch(a: str, b: str) -> bool:
+    return a.removeprefix("zoo:") == b.removeprefix("zoo:")
+
+
+def _describe_arch(arch: str) -> str:
+    return f"zoo:{arch.removeprefix('zoo:')}" if _is_zoo(arch) else arch
+
+
+def _load_export(file: Path) -> LoadedModel:
+    try:
+        program = torch.export.load(str(file))
+        module = program.module()
+    except Exception as exc:
+        raise GleakError(f"{file} is not a loadable torch.export program: {_why(exc)}") from None
+    return LoadedModel(
+        module=module, source="torch.export program", arch=None, input_shape=_export_input_shape(program)
+    )
+
+
+def _export_input_shape(program: Any) -> tuple[int, ...] | None:
+    """(C, H, W) of the single user input of an exported program, without the batch dimension."""
+    try:
+        from torch.export.graph_signature import InputKind
+
+        names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+        if len(names) != 1:
+            return None
+        for node in program.graph.nodes:
+            if node.op == "placeholder" and node.name == names[0]:
+                shape = tuple(int(d) for d in node.meta["val"].shape[1:])
+                return shape or None
+    except Exception:  # symbolic sizes or an unusual signature: the shape is simply unknown
+        return None
+    return None
+
+
+def _load_torchscript(file: Path) -> LoadedModel:
+    try:
+        module = torch.jit.load(str(file), map_location="cpu")
+    except Exception as exc:
+        raise GleakError(f"{file} is not a loadable TorchScript archive: {_why(exc)}") from None
+    return LoadedModel(module=module, source="TorchScript archive", arch=None)
+
+
+def _is_weights_only_refusal(exc: Exception) -> bool:
+    """True when safe unpickling refused a well-formed pickle because it references Python globals."""
+    text = str(exc).lower()
+    return (
+        isinstance(exc, pickle.UnpicklingError)
+        and "weights only load failed" in text
+        and "unsupported operand" not in text
+    )
+
+
+def _why(exc: BaseException) -> str:
+    """Short one-line description of an exception from an underlying loader."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > 200:
+        text = text[:197] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _load_torch(
+    file: Path, arch: str | None, kwargs: dict[str, Any] | None, trust_pickle: bool
+) -> LoadedModel:
+    trusted = False
+    try:
+        obj = torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        if not _is_weights_only_refusal(exc):
+            raise GleakError(f"{file} is not a readable PyTorch file: {_why(exc)}") from None
+        if not trust_pickle:
+            raise GleakError(
+                f"{file} contains pickled Python objects (e.g. a whole nn.Module) that safe loading refuses; "
+                "--trust-pickle (trust_pickle=True) loads it, but only do that if you trust the file, "
+                "since unpickling can run arbitrary code"
+            ) from None
+        try:
+            obj = torch.load(str(file), map_location="cpu", weights_only=False)
+        except Exception as exc2:
+            raise GleakError(f"cannot unpickle {file}: {_why(exc2)}") from None
+        trusted = True
+    if isinstance(obj, nn.Module):
+        return LoadedModel(module=obj, source="pickled nn.Module (trusted)", arch=None)
+    state = _as_state_dict(obj)
+    if state is None:
+        what = "a pickled object" if trusted else type(obj).__name__
+        raise GleakError(f"{file} holds {what}, neither an nn.Module nor a state dict of tensors")
+    use_kwargs = kwargs or {}
+    module = _from_state_dict(file, state, arch, use_kwargs, "state dict")
+    assert arch is not None
+    return LoadedModel(
+        module=module,
+        source=f"state dict + {_describe_arch(arch)}",
+        arch=arch,
+        arch_kwargs=use_kwargs,
+        input_shape=arch_input_shape(arch, use_kwargs),
+    )
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def save_model(
+    module: nn.Module,
+    path: str | os.PathLike[str],
+    arch: str,
+    arch_kwargs: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, str] | None = None,
+    force: bool = False,
+) -> Path:
+    """Write ``module``'s weights (buffers included) to a .safetensors file with its arch spec as metadata."""
+    from safetensors.torch import save_file
+
+    target = Path(path)
+    if target.suffix.lower() != ".safetensors":
+        raise GleakError(f"save_model writes .safetensors files, got {target}")
+    kwargs = parse_arch_kwargs(arch_kwargs)
+    reference = build_arch(arch, kwargs)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
+    load_check = {k: v.shape for k, v in reference.state_dict().items()}
+    missing = [k for k in load_check if k not in state]
+    extra = [k for k in state if k not in load_check]
+    wrong = [k for k in load_check if k in state and state[k].shape != load_check[k]]
+    if missing or extra or wrong:
+        raise GleakError(
+            f"the module does not match arch {arch!r} {kwargs}: missing {_short(missing)}; "
+            f"unexpected {_short(extra)}; wrong shape {_short(wrong)}"
+        )
+    try:
+        kwargs_json = json.dumps(kwargs, sort_keys=True)
+    except TypeError as exc:
+        raise GleakError(f"arch kwargs must be JSON-serialisable: {exc}") from None
+    meta: dict[str, str] = {META_ARCH: arch, META_KWARGS: kwargs_json}
+    shape = arch_input_shape(arch, kwargs)
+    if shape is not None:
+        meta[META_INPUT_SHAPE] = json.dumps(list(shape))
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise GleakError(f"metadata must map strings to strings, got {key!r}: {value!r}")
+        if key in (META_ARCH, META_KWARGS) and value != meta[key]:
+            raise GleakError(f"metadata key {key!r} is reserved; pass arch/arch_kwargs instead")
+        if key == META_INPUT_SHAPE:
+            _parse_shape(value, f"metadata {META_INPUT_SHAPE}")
+        meta[key] = value
+    return write_atomic(target, lambda tmp: save_file(state, str(tmp), metadata=meta), force=force)

@@ -1,0 +1,218 @@
+"""A federated client simulated on real data: one FedSGD gradient or m local steps, written as a capture.
+
+Batches follow the papers' protocols: every local step draws a fresh batch (RLU §3, seed 004); batch
+labels are ``uniform`` (each label uniform over the classes present), ``unique`` (B distinct classes),
+``unbalanced`` (LLG §5.1: 50 % one class, 25 % a second, 25 % uniform) or ``explicit``. Mixup mixes each
+example with one of a different class, x = r·x_a + (1 − r)·x_b and y = r·e_a + (1 − r)·e_b, with r fixed
+or drawn from U(0, 1) (seed 000 §5). The same seed gives bit-for-bit the same capture on the same machine.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gleak.capture import Capture, Truth, capture_gradients, capture_update
+from gleak.data import Dataset
+from gleak.errors import GleakError
+from gleak.losses import LossSpec, client_loss, soft_targets
+
+SCHEMES = ("fedsgd", "fedavg", "fedprox")
+OPTIMIZERS = ("sgd", "sgdm", "nag", "adam")
+COMPOSITIONS = ("uniform", "unique", "unbalanced", "explicit")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """What the client does. ``scheme='fedsgd'`` shares one gradient; the others share θ_local − θ_global."""
+
+    batch_size: int = 8
+    local_steps: int = 1
+    scheme: str = "fedsgd"
+    learning_rate: float = 0.01
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    mu: float = 0.0
+    loss: LossSpec = field(default_factory=LossSpec)
+    mixup: bool = False
+    mixup_ratio: float | None = None
+    composition: str = "uniform"
+    labels: tuple[int, ...] | None = None
+    train_mode: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise GleakError(f"unknown FL scheme '{self.scheme}'; simulate supports {', '.join(SCHEMES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise GleakError(f"unknown optimizer '{self.optimizer}'; choose one of {', '.join(OPTIMIZERS)}")
+        if self.composition not in COMPOSITIONS:
+            raise GleakError(f"unknown batch composition '{self.composition}'; choose {', '.join(COMPOSITIONS)}")
+        if self.batch_size < 1 or self.local_steps < 1:
+            raise GleakError("batch size and local steps must be ≥ 1")
+        if self.scheme == "fedsgd" and self.local_steps != 1:
+            raise GleakError("FedSGD shares one gradient: use --local-steps 1, or --scheme fedavg for local steps")
+        if self.scheme == "fedprox" and self.mu <= 0:
+            raise GleakError("FedProx needs a proximal weight --mu > 0")
+        if self.learning_rate <= 0:
+            raise GleakError("learning rate must be > 0")
+        if self.mixup_ratio is not None and not 0 <= self.mixup_ratio <= 1:
+            raise GleakError(f"mixup ratio must be in [0, 1], got {self.mixup_ratio}")
+        if self.composition == "explicit":
+            if not self.labels:
+                raise GleakError("composition 'explicit' needs --labels")
+            if len(self.labels) not in (self.batch_size, self.batch_size * self.local_steps):
+                raise GleakError(f"--labels gives {len(self.labels)} labels; expected B = {self.batch_size} "
+                                 f"or m·B = {self.batch_size * self.local_steps}")
+
+    @property
+    def kind(self) -> str:
+        return "gradient" if self.scheme == "fedsgd" else "update"
+
+
+@dataclass
+class _Batch:
+    inputs: torch.Tensor
+    targets: torch.Tensor  # int64 [B] or float [B, C] (mixup)
+
+
+class _Sampler:
+    """Draws batches of the requested label composition from a dataset with its own generator."""
+
+    def __init__(self, data: Dataset, config: ClientConfig, num_classes: int) -> None:
+        self.data = data
+        self.config = config
+        self.num_classes = num_classes
+        self.by_class = data.indices_by_class()
+        self.present = torch.tensor(sorted(self.by_class))
+        if int(self.present.max()) >= num_classes:
+            raise GleakError(f"the data has label {int(self.present.max())} but the model has {num_classes} classes")
+        self.gen = torch.Generator().manual_seed(config.seed)
+        if config.composition == "unique" and config.batch_size > len(self.present):
+            raise GleakError(f"a unique-label batch of {config.batch_size} needs that many classes; "
+                             f"the data has {len(self.present)}")
+        if config.composition == "explicit":
+            missing = sorted({c for c in config.labels or () if c not in self.by_class})
+            if missing:
+                raise GleakError(f"--labels names classes with no examples in the data: {missing}")
+
+    def _choice(self, n: int, pool: torch.Tensor) -> torch.Tensor:
+        return pool[torch.randint(len(pool), (n,), generator=self.gen)]
+
+    def labels(self, step: int) -> torch.Tensor:
+        cfg, b = self.config, self.config.batch_size
+        if cfg.composition == "uniform":
+            return self._choice(b, self.present)
+        if cfg.composition == "unique":
+            return self.present[torch.randperm(len(self.present), generator=self.gen)[:b]]
+        if cfg.composition == "unbalanced":
+            order = self.present[torch.randperm(len(self.present), generator=self.gen)]
+            first, second = order[0], order[1 % len(order)]
+            n1, n2 = b // 2, b // 4
+            rest = self._choice(b - n1 - n2, self.present)
+            labels = torch.cat([first.repeat(n1), second.repeat(n2), rest])
+            return labels[torch.randperm(b, generator=self.gen)]
+        given = torch.tensor(cfg.labels, dtype=torch.long)
+        return given if len(given) == b else given[step * b:(step + 1) * b]
+
+    def example(self, label: int) -> int:
+        pool = self.by_class[label]
+        return int(pool[torch.randint(len(pool), (1,), generator=self.gen)])
+
+    def batch(self, step: int) -> _Batch:
+        labels = self.labels(step)
+        idx = [self.example(int(c)) for c in labels]
+        inputs, _ = self.data.batch(idx)
+        if not self.config.mixup:
+            return _Batch(inputs, labels.long())
+        if len(self.present) < 2:
+            raise GleakError("mixup needs at least two classes in the data")
+        partners, ratios = [], []
+        for c in labels.tolist():
+            others = self.present[self.present != c]
+            partners.append(int(self._choice(1, others)))
+            ratios.append(self.config.mixup_ratio if self.config.mixup_ratio is not None
+                          else float(torch.rand((), generator=self.gen)))
+        other_inputs, _ = self.data.batch([self.example(p) for p in partners])
+        r = torch.tensor(ratios, dtype=inputs.dtype)
+        mixed = r.view(-1, 1, 1, 1) * inputs + (1 - r.view(-1, 1, 1, 1)) * other_inputs
+        y = r.view(-1, 1) * soft_targets(labels, self.num_classes) + (1 - r.view(-1, 1)) * soft_targets(
+            torch.tensor(partners), self.num_classes)
+        return _Batch(mixed, y)
+
+
+def _optimizer(params: list[nn.Parameter], cfg: ClientConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    momentum = cfg.momentum if cfg.optimizer in ("sgdm", "nag") else 0.0
+    return torch.optim.SGD(params, lr=cfg.learning_rate, momentum=momentum, nesterov=cfg.optimizer == "nag",
+                           weight_decay=cfg.weight_decay)
+
+
+def _metadata(cfg: ClientConfig, data: Dataset, num_classes: int) -> dict:
+    meta = {
+        "gleak.batch_size": cfg.batch_size, "gleak.num_examples": cfg.batch_size * cfg.local_steps,
+        "gleak.local_steps": cfg.local_steps, "gleak.learning_rate": cfg.learning_rate,
+        "gleak.optimizer": cfg.optimizer, "gleak.weight_decay": cfg.weight_decay,
+        "gleak.fl.scheme": cfg.scheme, "gleak.num_classes": num_classes,
+        "gleak.input_shape": list(data.input_shape), "gleak.data.mean": list(data.mean),
+        "gleak.data.std": list(data.std), "gleak.model.train_mode": cfg.train_mode,
+        "gleak.batch.composition": cfg.composition, "gleak.seed": cfg.seed,
+        "gleak.mixup": {"ratio": cfg.mixup_ratio} if cfg.mixup else None,
+        **cfg.loss.metadata(),
+    }
+    if cfg.optimizer in ("sgdm", "nag"):
+        meta["gleak.momentum"] = cfg.momentum
+    if cfg.scheme == "fedprox":
+        meta["gleak.fl.mu"] = cfg.mu
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
+                    device: torch.device | str = "cpu") -> tuple[Capture, Truth]:
+    """Run the client on ``data`` starting from ``model`` (left unchanged); return capture and truth."""
+    device = torch.device(device)
+    global_model = copy.deepcopy(model).to(device)
+    with torch.no_grad():
+        probe = global_model.eval()(data.batch([0])[0].to(device))
+    if probe.dim() != 2:
+        raise GleakError(f"the model's output has shape {list(probe.shape)}; expected [N, classes]")
+    num_classes = int(probe.shape[1])
+    sampler = _Sampler(data, config, num_classes)
+    torch.manual_seed(config.seed)  # dropout and other stochastic layers
+    meta = _metadata(config, data, num_classes)
+    batches = [sampler.batch(step) for step in range(config.local_steps)]
+
+    if config.kind == "gradient":
+        global_model.train(config.train_mode)
+        b = batches[0]
+        capture = capture_gradients(global_model, b.inputs.to(device), b.targets.to(device), config.loss, meta)
+    else:
+        local = copy.deepcopy(global_model).train(config.train_mode)
+        anchor = [p.detach().clone() for p in global_model.parameters()]
+        opt = _optimizer(list(local.parameters()), config)
+        for b in batches:
+            opt.zero_grad(set_to_none=True)
+            loss = client_loss(local(b.inputs.to(device)), b.targets.to(device), config.loss)
+            if config.scheme == "fedprox":
+                prox = sum(((p - a) ** 2).sum() for p, a in zip(local.parameters(), anchor, strict=True))
+                loss = loss + config.mu / 2 * prox
+            loss.backward()
+            opt.step()
+        buffers = [n for n, _ in local.named_buffers()]
+        capture = capture_update(global_model.state_dict(), local.state_dict(), config.learning_rate,
+                                 config.local_steps, config.batch_size, buffers,
+                                 {"gleak.kind": "update", **meta})
+        capture.tensors = {k: v.cpu() for k, v in capture.tensors.items()}
+    soft = config.mixup or config.loss.label_smoothing > 0
+    targets = [soft_targets(b.targets, num_classes, config.loss.label_smoothing) if soft else b.targets
+               for b in batches]
+    truth = Truth(labels=torch.cat(targets).cpu(), inputs=torch.cat([b.inputs for b in batches]).cpu(),
+                  meta={"gleak.data.mean": list(data.mean), "gleak.data.std": list(data.std),
+                        "gleak.num_classes": num_classes, "gleak.batch_size": config.batch_size,
+                        "gleak.local_steps": config.local_steps})
+    return capture, truth

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv and install gleak with its dev tools. Uses uv when available (several times faster).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! command -v uv >/dev/null 2>&1; then
+    "$PY" -m pip install -q uv
+fi
+UV="$(command -v uv || echo "$PY -m uv")"
+if [ ! -x .venv/bin/python ]; then
+    $UV venv -q -p "$PY" .venv
+fi
+VIRTUAL_ENV="$PWD/.venv" $UV pip install -q -e ".[dev]" "$@"
