@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -375,13 +376,20 @@ def _save(tensors: Mapping[str, torch.Tensor], meta: dict[str, str], path: str |
     return write_atomic(path, lambda tmp: save_file(data, str(tmp), metadata=meta), force=force)
 
 
+def created_at() -> str:
+    """Now in ISO-8601 UTC, or ``SOURCE_DATE_EPOCH`` when set (reproducible builds: byte-identical files)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), UTC) if epoch and epoch.isdigit() else datetime.now(UTC)
+    return when.isoformat(timespec="seconds")
+
+
 def save_capture(capture: Capture, path: str | Path, force: bool = False) -> Path:
     """Write a capture atomically; refuses to overwrite an existing file unless ``force``."""
     if capture.meta.get("gleak.kind") not in KINDS:
         raise GleakError(f"capture kind must be one of {', '.join(KINDS)}")
     check_finite(capture.tensors)
     meta = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.producer": f"gleak {__version__}",
-            "gleak.created_at": datetime.now(UTC).isoformat(timespec="seconds"), **capture.meta}
+            "gleak.created_at": created_at(), **capture.meta}
     out = _save(capture.tensors, format_metadata(meta, capture.extra), path, force)
     capture.path = out
     return out
@@ -458,8 +466,10 @@ def capture_gradients(
     logits = model(inputs)
     value = client_loss(logits, labels, spec)
     grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
-    tensors = {n: (g if g is not None else torch.zeros_like(p)).detach().cpu() for (n, p), g in zip(params.items(), grads,
-                                                                                              strict=True)}
+    tensors = {
+        n: (g if g is not None else torch.zeros_like(p)).detach().cpu()
+        for (n, p), g in zip(params.items(), grads, strict=True)
+    }
     buffers = [n for n, _ in model.named_buffers()] if include_buffers else []
     for n in buffers:
         tensors[n] = global_state[n]

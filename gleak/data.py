@@ -107,10 +107,7 @@ def load_dataset(path: str | Path, mean: Sequence[float] | None = None, std: Seq
     p = Path(path)
     if not p.exists():
         raise GleakError(f"{p}: no such file or folder")
-    if p.is_dir():
-        ds = _load_image_folder(p, image_size)
-    else:
-        ds = _load_tensor_file(p)
+    ds = _load_image_folder(p, image_size) if p.is_dir() else _load_tensor_file(p)
     if mean is not None:
         ds.mean = tuple(mean)
     if std is not None:

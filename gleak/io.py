@@ -34,11 +34,18 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], fo
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     finally:
         if tmp.exists():
             tmp.unlink()
     return target
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, force: bool = False) -> Path:

@@ -12,6 +12,7 @@ import argparse
 import gzip
 import importlib.util
 import json
+import os
 import pickle
 import re
 import shutil
@@ -41,8 +42,9 @@ AUX_PER_CLASS = 200  # from the MNIST validation split
 class _NumpyOnlyUnpickler(pickle.Unpickler):
     """Rebuilds numpy arrays and nothing else: any other global in the pickle is refused."""
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype")}
+    ALLOWED: frozenset[tuple[str, str]] = frozenset({
+               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype")})
 
     def find_class(self, module: str, name: str) -> object:
         if (module, name) not in self.ALLOWED:
@@ -114,6 +116,7 @@ def train_until(model: torch.nn.Module, train: Dataset, test: Dataset, target: f
 
 
 def build(force: bool) -> None:
+    os.environ.setdefault("SOURCE_DATE_EPOCH", "1767225600")  # 2026-01-01: byte-identical rebuilds
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     if ROOT.exists() and any(ROOT.iterdir()):
@@ -178,7 +181,8 @@ def build(force: bool) -> None:
     for name, model, data, config in captures:
         capture, truth = simulate_client(model, data, config)
         path = ROOT / f"captures/{name}.safetensors"
-        capture.extra["gleak.sample.model"] = f"samples/models/{'idlg_cnn_cifar10' if model is cnn else 'lenet_untrained'}.safetensors"
+        model_file = "idlg_cnn_cifar10" if model is cnn else "lenet_untrained"
+        capture.extra["gleak.sample.model"] = f"samples/models/{model_file}.safetensors"
         save_capture(capture, path, force=True)
         save_truth(truth, truth_path_for(path), capture_path=path, force=True)
         print(f"capture {name}: {capture.kind}, B={config.batch_size}, m={config.local_steps}, "
