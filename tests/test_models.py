@@ -224,6 +224,7 @@ def test_torch_export_lenet(tmp_path: Path) -> None:
     assert loaded.source == "torch.export program" and loaded.arch is None
     assert loaded.input_shape == (1, 28, 28)
     assert torch.allclose(loaded.module(x), model(x))
+    assert loaded.module.eval() is loaded.module and not loaded.module.training  # torch refuses eval() itself
     layer = find_last_layer(loaded.module, input_shape=loaded.input_shape)
     assert (layer.weight_key, layer.bias_key, layer.num_classes, layer.feature_dim) == (
         "fc3.weight",

@@ -85,17 +85,5 @@ def resolve_device(device: str) -> torch.device:
     raise GleakError(f"--device must be auto, cpu or cuda, got '{device}'")
 
 
-def parse_json_object(text: str | None, option: str) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GleakError(f"{option} is not valid JSON ({e.msg} at position {e.pos})") from None
-    if not isinstance(value, dict):
-        raise GleakError(f"{option} must be a JSON object like '{{\"key\": 1}}'")
-    return value
-
-
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

@@ -20,7 +20,6 @@ from gleak.cli.common import (
     VerboseOpt,
     console,
     handle_errors,
-    parse_json_object,
     print_json,
 )
 from gleak.errors import GleakError
@@ -50,7 +49,7 @@ def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch
     if model_path is None:
         layer = guess_last_layer(capture.tensors, override=fc_layer)
     else:
-        loaded = load_model(model_path, arch, parse_json_object(arch_kwargs, "--arch-kwargs"), trust_pickle)
+        loaded = load_model(model_path, arch, arch_kwargs, trust_pickle)
         validate_against_model(capture, loaded.module)
         recorded = capture.get("gleak.model.sha256")
         info["model"] = {"file": str(model_path), "source": loaded.source, "arch": loaded.arch,
@@ -77,9 +76,11 @@ def _render(info: dict[str, Any], verbose: bool) -> None:
     summary.add_row("ground truth", info["truth_file"] or "none found")
     model = info["model"]
     if model:
-        match = {None: "[yellow]capture records no model hash[/]", True: "[green]matches the capture[/]",
-                 False: "[red]differs from the model the capture was made with[/]"}[model["matches_capture"]]
-        summary.add_row("model", f"{model['file']} ({model['source']}); weights {match}")
+        match = {None: "[yellow]the capture records no model hash[/]",
+                 True: "[green]weights match the capture's model[/]",
+                 False: "[red]weights differ from the model the capture was made with[/]"}[model["matches_capture"]]
+        summary.add_row("model", f"{model['file']} ({model['source']})")
+        summary.add_row("", match)
     console.print(Panel(summary, title=f"gleak inspect — {info['file']}", expand=False))
 
     layer = info["last_layer"]
@@ -96,11 +97,14 @@ def _render(info: dict[str, Any], verbose: bool) -> None:
     meta = Table(title="Metadata", title_justify="left")
     meta.add_column("key", style="cyan")
     meta.add_column("value")
-    meta.add_column("meaning", style="dim")
+    if verbose:
+        meta.add_column("meaning", style="dim")
     for key, value in info["metadata"].items():
-        meta.add_row(key, _short(value), SCHEMA[key].doc if key in SCHEMA else "")
+        meta.add_row(key, _short(value), *([SCHEMA[key].doc] if verbose else []))
     for key, value in info["unknown_metadata"].items():
-        meta.add_row(key, _short(value), "[yellow]unknown key, kept as is[/]")
+        meta.add_row(key, _short(value), *(["[yellow]unknown key, kept as is[/]"] if verbose else []))
+    if info["unknown_metadata"] and not verbose:
+        meta.caption = f"{len(info['unknown_metadata'])} unknown key(s) kept as is (last rows); -v explains each key"
     console.print(meta)
 
     if verbose:

@@ -20,7 +20,6 @@ from gleak.cli.common import (
     VerboseOpt,
     console,
     handle_errors,
-    parse_json_object,
     resolve_device,
 )
 from gleak.data import load_dataset
@@ -94,7 +93,7 @@ def simulate(
     check_writable(output, force)
     if not no_truth:
         check_writable(truth_path, force)
-    loaded = load_model(model, arch, parse_json_object(arch_kwargs, "--arch-kwargs"), trust_pickle)
+    loaded = load_model(model, arch, arch_kwargs, trust_pickle)
     dataset = load_dataset(data)
     if loaded.input_shape and tuple(loaded.input_shape) != dataset.input_shape:
         raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "

@@ -1,6 +1,6 @@
 """Model zoo, model loading/saving and last fully-connected layer detection."""
 
-from gleak.models.lastlayer import LastLayer, find_last_layer
+from gleak.models.lastlayer import LastLayer, find_last_layer, guess_last_layer
 from gleak.models.loading import (
     LoadedModel,
     arch_input_shape,
@@ -21,6 +21,7 @@ __all__ = [
     "build_arch",
     "build_zoo_model",
     "find_last_layer",
+    "guess_last_layer",
     "load_model",
     "load_state_dict_strict",
     "parse_arch_kwargs",

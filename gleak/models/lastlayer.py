@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,24 @@ def find_last_layer(
         except _NotFound as why:
             choice = _fallback(state, tensors, str(why))
     return _build(state, choice, tensors)
+
+
+def guess_last_layer(tensors: Mapping[str, torch.Tensor], override: str | None = None) -> LastLayer:
+    """Best guess from a capture alone (no model): the last 2-D ``.weight`` with a matching bias.
+
+    Names are ordered naturally (``layer10`` after ``layer2``) because safetensors files store them sorted.
+    Without a model, ``weight``/``bias`` of the result hold the captured tensors themselves.
+    """
+    state = {k: tensors[k] for k in sorted(tensors, key=_natural_key)}
+    if override is not None:
+        choice = _override_choice(state, override)
+    else:
+        choice = _fallback(state, None, "no --model given, so this is a guess from the capture's tensor names")
+    return _build(state, choice, state)
+
+
+def _natural_key(name: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -195,7 +214,9 @@ def _trace_hooks(model: nn.Module, state: Mapping[str, torch.Tensor], shape: tup
     names = {
         m: n
         for n, m in model.named_modules()
-        if m is not model and (isinstance(m, nn.Linear) or not any(m.children()))
+        if m is not model
+        and not isinstance(m, torch.jit.ScriptModule)  # they refuse hooks
+        and (isinstance(m, nn.Linear) or not any(m.children()))
     }
     seen: list[tuple[str, nn.Module, torch.Tensor]] = []  # leaf modules in call order with their outputs
 
@@ -209,8 +230,9 @@ def _trace_hooks(model: nn.Module, state: Mapping[str, torch.Tensor], shape: tup
     generator = torch.Generator().manual_seed(0)
     x = torch.randn((1, *shape), generator=generator).to(device=device, dtype=dtype)
     modes = {m: m.training for m in model.modules()}
-    handles = [m.register_forward_hook(hook) for m in names]
+    handles = []
     try:
+        handles = [m.register_forward_hook(hook) for m in names]
         model.eval()
         with torch.no_grad():
             out = model(x)

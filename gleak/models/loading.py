@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import struct
+import types
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -291,9 +292,31 @@ def load_model(
 
 
 def _set_eval(module: nn.Module) -> None:
-    # torch.export modules refuse eval(); their graph was captured in eval mode already.
     with contextlib.suppress(NotImplementedError, RuntimeError):
         module.eval()
+
+
+def _allow_eval(module: nn.Module) -> nn.Module:
+    """Let ``eval()``/``train(False)`` work on a torch.export module; ``train(True)`` still raises.
+
+    torch replaces both methods on exported modules with ones that raise, because the captured graph cannot
+    change behaviour. Marking it as evaluation-mode only relabels it, which callers may do unconditionally.
+    """
+    refuse_train = module.train
+
+    def train(self: nn.Module, mode: bool = True) -> nn.Module:
+        if mode:
+            return refuse_train(mode)
+        for sub in self.modules():
+            sub.training = False
+        return self
+
+    def eval_(self: nn.Module) -> nn.Module:
+        return train(self, False)
+
+    module.train = types.MethodType(train, module)  # type: ignore[method-assign]
+    module.eval = types.MethodType(eval_, module)  # type: ignore[method-assign]
+    return module
 
 
 def _from_state_dict(
@@ -349,7 +372,7 @@ def _describe_arch(arch: str) -> str:
 def _load_export(file: Path) -> LoadedModel:
     try:
         program = torch.export.load(str(file))
-        module = program.module()
+        module = _allow_eval(program.module())
     except Exception as exc:
         raise GleakError(f"{file} is not a loadable torch.export program: {_why(exc)}") from None
     return LoadedModel(
