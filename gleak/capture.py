@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from gleak import __version__
 from gleak.errors import GleakError
-from gleak.io import file_sha256, tensors_sha256, write_atomic
+from gleak.io import file_sha256, save_safetensors, tensors_sha256
 from gleak.losses import LossSpec, client_loss
 
 SCHEMA_VERSION = 1
@@ -372,8 +371,7 @@ def _names(names: Sequence[str], limit: int = 5) -> str:
 
 
 def _save(tensors: Mapping[str, torch.Tensor], meta: dict[str, str], path: str | Path, force: bool) -> Path:
-    data = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    return write_atomic(path, lambda tmp: save_file(data, str(tmp), metadata=meta), force=force)
+    return save_safetensors(path, tensors, meta, force=force)
 
 
 def created_at() -> str:

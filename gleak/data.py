@@ -19,7 +19,7 @@ from PIL import Image, UnidentifiedImageError
 
 from gleak.capture import read_safetensors
 from gleak.errors import GleakError
-from gleak.io import write_atomic
+from gleak.io import save_safetensors
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -185,12 +185,10 @@ def _load_image_folder(root: Path, image_size: int | None) -> Dataset:
 
 def save_dataset(ds: Dataset, path: str | Path, force: bool = False, metadata: dict[str, str] | None = None) -> Path:
     """Store a dataset as uint8 images + int64 labels with its normalisation in the metadata."""
-    from safetensors.torch import save_file
-
     images = (ds.images * 255).round().clamp(0, 255).to(torch.uint8).contiguous()
     meta = {"format": "pt", "gleak.data.mean": json.dumps(list(ds.mean)), "gleak.data.std": json.dumps(list(ds.std))}
     if ds.classes:
         meta["gleak.data.classes"] = json.dumps(ds.classes)
     meta.update(metadata or {})
     tensors = {"images": images, "labels": ds.labels.long().contiguous()}
-    return write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), force=force)
+    return save_safetensors(path, tensors, meta, force=force)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -74,3 +76,42 @@ def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def safetensors_bytes(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
+    """Serialise to the safetensors layout with a deterministic header (keys in order, metadata sorted).
+
+    The Rust writer orders its metadata map at random, so two identical captures would differ in bytes;
+    this writer keeps tensors in the given (model) order and is byte-for-byte reproducible.
+    """
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(metadata[k]) for k in sorted(metadata)}
+    blobs: list[bytes] = []
+    offset = 0
+    for name, tensor in tensors.items():
+        t = tensor.detach().to("cpu").contiguous()
+        if t.dtype not in _ST_DTYPES:
+            raise GleakError(f"tensor '{name}' has dtype {t.dtype}, which safetensors cannot store")
+        blob = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset,
+                                                                                              offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head + b"".join(blobs)
+
+
+def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor],
+                     metadata: Mapping[str, str] | None = None, force: bool = False) -> Path:
+    """Atomic, reproducible safetensors write; refuses to overwrite without ``force``."""
+    data = safetensors_bytes(tensors, metadata)
+    return write_bytes_atomic(path, data, force=force)

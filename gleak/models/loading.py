@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from gleak.errors import GleakError
-from gleak.io import tensors_sha256, write_atomic
+from gleak.io import save_safetensors, tensors_sha256
 from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
 
 TORCHVISION_INPUT_SHAPE = (3, 224, 224)
@@ -474,7 +474,6 @@ def save_model(
     force: bool = False,
 ) -> Path:
     """Write ``module``'s weights (buffers included) to a .safetensors file with its arch spec as metadata."""
-    from safetensors.torch import save_file
 
     target = Path(path)
     if target.suffix.lower() != ".safetensors":
@@ -507,4 +506,4 @@ def save_model(
         if key == META_INPUT_SHAPE:
             _parse_shape(value, f"metadata {META_INPUT_SHAPE}")
         meta[key] = value
-    return write_atomic(target, lambda tmp: save_file(state, str(tmp), metadata=meta), force=force)
+    return save_safetensors(target, state, meta, force=force)

@@ -314,14 +314,14 @@ ZOO: dict[str, ZooEntry] = {
             "fcn4",
             FCN4,
             "bias-free 4-layer ReLU fully-connected network (1024-256-64-C by default)",
-            "Geng et al., Towards General Deep Leakage in Federated Learning, arXiv:2110.09074, 2021",
+            "Wang, Liang & He, Eliminating Hard Label Constraints in Gradient Inversion, ICLR 2024 (§4.2)",
             _flat_shape,
         ),
         ZooEntry(
             "mlp",
             MLP,
             "small fully-connected network with biases (300-300-C by default)",
-            "Wainakh et al., User-Level Label Leakage from Gradients in Federated Learning, PoPETs 2022",
+            "Ma et al., Instance-wise Batch Label Restoration via Gradients (iLRG, FCN-3 784-300-300-C), ICLR 2023",
             _flat_shape,
         ),
         ZooEntry(
