@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from gleak.cli.attacks_cmd import attacks
 from gleak.cli.inspect_cmd import inspect
+from gleak.cli.labels_cmd import labels
 from gleak.cli.simulate_cmd import simulate
 
 app = typer.Typer(
@@ -15,7 +17,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command()(inspect)
+app.command()(attacks)
 app.command()(simulate)
+app.command()(labels)
 
 
 def main() -> None:

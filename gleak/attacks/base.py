@@ -1,0 +1,153 @@
+"""Attack base class, declared requirements, the one registry, and running an attack on a Context."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from gleak.errors import GleakError
+
+if TYPE_CHECKING:
+    from gleak.attacks.context import Context
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What an attack needs. Hard needs make it not applicable (with a reason); soft ones only warn."""
+
+    kinds: frozenset[str] = frozenset({"gradient", "update"})
+    gradient_view: bool = True  # needs ∇W as one step's gradient: a gradient, or a one-step SGD update
+    needs_bias: bool = False
+    needs_model: bool = False  # the global model's weights (e.g. to evaluate the last layer)
+    needs_model_forward: bool = False
+    needs_aux: bool = False
+    single_sample: bool = False
+    needs_batch_size: bool = True
+    needs_nonneg_features: bool = False  # soft: the result is marked when the features go negative
+
+    def describe(self) -> list[str]:
+        out = []
+        if self.kinds == frozenset({"update"}):
+            out.append("update")
+        elif self.gradient_view:
+            out.append("gradient or 1-step update")
+        else:
+            out.append("gradient or update (any steps)")
+        for flag, text in ((self.needs_bias, "bias"), (self.needs_model, "model"),
+                           (self.needs_model_forward, "model forward"),
+                           (self.needs_aux, "aux data"), (self.single_sample, "B = 1"),
+                           (self.needs_batch_size, "known B"), (self.needs_nonneg_features, "features ≥ 0 (soft)")):
+            if flag:
+                out.append(text)
+        return out
+
+
+@dataclass
+class LabelOutput:
+    """What a label attack returns: per-class counts (summing to B, or m·B for updates), plus extras."""
+
+    counts: torch.Tensor
+    soft_label: torch.Tensor | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AttackResult:
+    """One attack on one capture: status ok / not_applicable / failed, output, time, reason, scores."""
+
+    attack: str
+    status: str
+    seconds: float = 0.0
+    reason: str | None = None
+    output: LabelOutput | None = None
+    warnings: list[str] = field(default_factory=list)
+    scores: dict[str, float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"attack": self.attack, "status": self.status, "seconds": round(self.seconds, 6)}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.output is not None:
+            out["counts"] = [int(c) for c in self.output.counts.tolist()]
+            if self.output.soft_label is not None:
+                out["soft_label"] = [float(v) for v in self.output.soft_label.tolist()]
+            out["diagnostics"] = _jsonable(self.output.diagnostics)
+        out["warnings"] = self.warnings
+        if self.scores is not None:
+            out["scores"] = {k: round(v, 6) for k, v in self.scores.items()}
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 8)
+    return value
+
+
+class Attack(ABC):
+    """One attack from one paper. Subclasses set the class variables and implement :meth:`run`."""
+
+    name: ClassVar[str]
+    task: ClassVar[str] = "labels"
+    paper: ClassVar[str]
+    summary: ClassVar[str]
+    requires: ClassVar[Requirements] = Requirements()
+
+    def not_applicable(self, ctx: Context) -> str | None:
+        """Why this attack cannot run on ``ctx`` (one line), or None. Extend for attack-specific checks."""
+        return ctx.check_requirements(self.requires)
+
+    @abstractmethod
+    def run(self, ctx: Context) -> LabelOutput:
+        """Recover labels. Raise GleakError for a problem with the input that stops the attack."""
+
+    def generator(self, ctx: Context) -> torch.Generator:
+        """A generator seeded from the run's seed and this attack's name: same seed, same report."""
+        return torch.Generator().manual_seed((ctx.seed * 1_000_003 + zlib.crc32(self.name.encode())) % 2**63)
+
+
+REGISTRY: dict[str, type[Attack]] = {}
+
+
+def register(cls: type[Attack]) -> type[Attack]:
+    if cls.name in REGISTRY:
+        raise RuntimeError(f"attack {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_attack(name: str) -> Attack:
+    if name not in REGISTRY:
+        raise GleakError(f"unknown attack '{name}'; known attacks: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]()
+
+
+def attacks_for(task: str) -> list[Attack]:
+    return [cls() for cls in REGISTRY.values() if cls.task == task]
+
+
+def run_attack(attack: Attack, ctx: Context) -> AttackResult:
+    """Check applicability, run with timing, attach soft-requirement warnings; never raises for bad input."""
+    reason = attack.not_applicable(ctx)
+    if reason:
+        return AttackResult(attack.name, "not_applicable", reason=reason)
+    warnings = list(ctx.soft_warnings(attack.requires))
+    start = time.perf_counter()
+    try:
+        output = attack.run(ctx)
+    except GleakError as e:
+        return AttackResult(attack.name, "failed", time.perf_counter() - start, reason=str(e), warnings=warnings)
+    seconds = time.perf_counter() - start
+    return AttackResult(attack.name, "ok", seconds, output=output, warnings=warnings + output.warnings)

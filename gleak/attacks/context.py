@@ -1,0 +1,217 @@
+"""The Context every attack reads: built once from model + capture (+ aux data), never from files.
+
+It holds the last-layer view (W, b, ∇W, ∇b, C, d), the training facts the capture records (B, m, loss),
+and a *gradient view*: for a gradient capture the mean-reduced gradient itself; for a one-step update the
+gradient recovered as ∇ = −Δ/η (minus weight decay) — the sign flip that tools reading updates as
+gradients get wrong. Model forwards on auxiliary or dummy data are cached here and shared by attacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gleak.attacks.base import Requirements
+from gleak.capture import Capture, validate_against_model
+from gleak.data import Dataset
+from gleak.errors import GleakError
+from gleak.losses import LossSpec
+from gleak.models import LastLayer, LoadedModel, find_last_layer, guess_last_layer
+
+CHUNK = 1024
+
+
+@dataclass
+class Context:
+    capture: Capture
+    layer: LastLayer
+    model: nn.Module | None
+    num_classes: int
+    batch_size: int | None
+    local_steps: int
+    loss: LossSpec
+    aux: Dataset | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    seed: int = 0
+    input_shape: tuple[int, ...] | None = None
+    grad_weight: torch.Tensor | None = None  # float64 [C, d] gradient view
+    grad_bias: torch.Tensor | None = None  # float64 [C]
+    gradient_note: str | None = None
+    no_gradient_reason: str | None = None
+    no_forward_reason: str | None = None
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return self.capture.kind
+
+    @property
+    def total_examples(self) -> int | None:
+        """Labels behind the contribution: B for a gradient, m·B for an m-step update."""
+        return None if self.batch_size is None else self.batch_size * self.local_steps
+
+    # ------------------------------------------------------------------------------- requirements
+    def check_requirements(self, req: Requirements) -> str | None:
+        if self.kind not in req.kinds:
+            return f"needs a capture of kind {' or '.join(sorted(req.kinds))}, this one is a {self.kind}"
+        if req.gradient_view and self.grad_weight is None:
+            return self.no_gradient_reason or "no gradient available"
+        if req.needs_batch_size and self.batch_size is None:
+            return "needs the batch size: the capture has no gleak.batch_size (pass --batch-size)"
+        if req.single_sample and self.batch_size != 1:
+            return f"single-sample attack, this batch has B = {self.batch_size}"
+        if req.needs_bias and self.layer.bias_key is None:
+            return f"needs a bias in the last layer; '{self.layer.name}' has none"
+        if req.needs_bias and req.gradient_view and self.grad_bias is None:
+            return f"needs the bias gradient '{self.layer.bias_key}', which the capture lacks"
+        if req.needs_model and self.model is None:
+            return "needs the global model (--model)"
+        if (req.needs_model_forward or req.needs_aux) and self.no_forward_reason:
+            return self.no_forward_reason
+        if req.needs_aux and self.aux is None:
+            return "needs auxiliary labelled data (--aux)"
+        return None
+
+    def soft_warnings(self, req: Requirements) -> list[str]:
+        out = []
+        if req.needs_nonneg_features:
+            low = self.feature_min()
+            if low is not None and low < -1e-6:
+                out.append(f"assumes non-negative last-layer inputs (ReLU/sigmoid); this model's go down to "
+                           f"{low:.3g} — results are unreliable")
+        if req.gradient_view and self.gradient_note:
+            out.append(self.gradient_note)
+        return out
+
+    # ------------------------------------------------------------------------------- model forwards
+    def features_and_logits(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Last-layer inputs h [N, d] and logits z [N, C] (eval mode, no grad, chunked), on the CPU."""
+        if self.model is None or self.no_forward_reason:
+            raise GleakError(self.no_forward_reason or "needs the model (--model)")
+        module = self.model.get_submodule(self.layer.name)
+        feats: list[torch.Tensor] = []
+        logits: list[torch.Tensor] = []
+
+        def hook(_m: nn.Module, args: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
+            feats.append(args[0].detach().flatten(1).cpu())
+
+        handle = module.register_forward_hook(hook)
+        try:
+            with torch.no_grad():
+                for start in range(0, len(inputs), CHUNK):
+                    logits.append(self.model(inputs[start:start + CHUNK].to(self.device)).detach().cpu())
+        finally:
+            handle.remove()
+        return torch.cat(feats), torch.cat(logits)
+
+    def aux_forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(features, logits, labels) of the whole auxiliary set, computed once."""
+        if "aux" not in self._cache:
+            if self.aux is None:
+                raise GleakError("needs auxiliary labelled data (--aux)")
+            inputs, labels = self.aux.batch(range(len(self.aux)))
+            h, z = self.features_and_logits(inputs)
+            self._cache["aux"] = (h, z, labels)
+        return self._cache["aux"]
+
+    def dummy_inputs(self, n: int, kind: str, gen: torch.Generator) -> torch.Tensor:
+        """Dummy images (LLG*): 'zeros', 'ones' or 'random' U(0, 1) pixels, normalised like the data."""
+        if self.input_shape is None:
+            raise GleakError("needs the input shape (gleak.input_shape in the capture or a zoo model)")
+        shape = (n, *self.input_shape)
+        pixels = {"zeros": lambda: torch.zeros(shape), "ones": lambda: torch.ones(shape),
+                  "random": lambda: torch.rand(shape, generator=gen)}[kind]()
+        mean = self.capture.get("gleak.data.mean")
+        std = self.capture.get("gleak.data.std")
+        if mean and std and len(shape) == 4:
+            pixels = (pixels - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
+        return pixels
+
+    def feature_min(self) -> float | None:
+        """Smallest last-layer input seen on aux data (or random dummy images); None when no forward works."""
+        if "feature_min" not in self._cache:
+            value = None
+            if self.model is not None and not self.no_forward_reason:
+                try:
+                    if self.aux is not None:
+                        h = self.aux_forward()[0]
+                    else:
+                        h = self.features_and_logits(self.dummy_inputs(64, "random", torch.Generator().manual_seed(0)))[0]
+                    value = float(h.min())
+                except GleakError:
+                    value = None
+            self._cache["feature_min"] = value
+        return self._cache["feature_min"]
+
+
+def _gradient_view(capture: Capture, layer: LastLayer, batch_size: int | None,
+                   loss: LossSpec) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None, str | None]:
+    """(∇W, ∇b, note, reason-if-none) as one mean-reduced step's gradient."""
+    gw, gb = layer.grad_weight, layer.grad_bias
+    if gw is None:
+        return None, None, None, "the capture has no last-layer tensor"
+    gw = gw.double()
+    gb = gb.double() if gb is not None else None
+    note = None
+    if capture.kind == "update":
+        steps, lr = capture.local_steps, capture.learning_rate
+        optimizer = capture.get("gleak.optimizer", "sgd")
+        if steps > 1:
+            return None, None, None, (f"needs one step's gradient; this update has {steps} local steps "
+                                      "(attacks for multi-step updates, such as rlu, apply)")
+        if not lr:
+            return None, None, None, "this update records no gleak.learning_rate, so −Δ/η cannot be formed"
+        if optimizer == "adam":
+            return None, None, None, "a one-step Adam update is a normalised sign, not a scaled gradient"
+        scale = lr * (1 + capture.get("gleak.momentum", 0.0)) if optimizer == "nag" else lr
+        gw = -gw / scale
+        gb = -gb / scale if gb is not None else None
+        wd = capture.get("gleak.weight_decay", 0.0)
+        if wd:
+            gw = gw - wd * layer.weight.double()
+            if gb is not None and layer.bias is not None:
+                gb = gb - wd * layer.bias.double()
+        note = f"update read as a gradient: ∇ = −Δ/{scale:g}" + (f" − {wd:g}·θ" if wd else "")
+    if loss.reduction == "sum":
+        if not batch_size:
+            return None, None, None, "sum-reduced gradient with unknown batch size"
+        gw, gb = gw / batch_size, (gb / batch_size if gb is not None else None)
+        note = (note + "; " if note else "") + f"sum-reduced loss: divided by B = {batch_size}"
+    return gw, gb, note, None
+
+
+def build_context(capture: Capture, model: LoadedModel | None = None, aux: Dataset | None = None,
+                  device: torch.device | str = "cpu", seed: int = 0, fc_layer: str | None = None,
+                  batch_size: int | None = None, loss: LossSpec | None = None) -> Context:
+    """Validate model vs capture, find the last layer, form the gradient view; attacks then read only this."""
+    device = torch.device(device)
+    module = None
+    no_forward = None
+    input_shape = capture.input_shape
+    if model is not None:
+        validate_against_model(capture, model.module)
+        input_shape = input_shape or model.input_shape
+        layer = find_last_layer(model.module, capture.tensors, input_shape=input_shape, override=fc_layer)
+        module = model.module.to(device).eval()
+        try:
+            module.get_submodule(layer.name)
+        except AttributeError:
+            no_forward = (f"needs to hook the last layer '{layer.name}', which this model format does not expose "
+                          "(load weights + --arch instead of an exported program)")
+    else:
+        layer = guess_last_layer(capture.tensors, override=fc_layer)
+        no_forward = "needs the model (--model)"
+    if aux is not None and input_shape is not None and tuple(aux.input_shape) != tuple(input_shape):
+        raise GleakError(f"auxiliary data has inputs {list(aux.input_shape)}, the model expects {list(input_shape)}")
+    if aux is not None and aux.num_classes > layer.num_classes:
+        raise GleakError(f"auxiliary data has {aux.num_classes} classes, the model has {layer.num_classes}")
+    b = batch_size or capture.batch_size
+    loss = loss or LossSpec.from_metadata(capture.meta)
+    gw, gb, note, reason = _gradient_view(capture, layer, b, loss)
+    return Context(capture=capture, layer=layer, model=module, num_classes=layer.num_classes, batch_size=b,
+                   local_steps=capture.local_steps, loss=loss, aux=aux, device=device, seed=seed,
+                   input_shape=tuple(input_shape) if input_shape else None, grad_weight=gw, grad_bias=gb,
+                   gradient_note=note, no_gradient_reason=reason, no_forward_reason=no_forward)

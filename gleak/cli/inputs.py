@@ -1,0 +1,36 @@
+"""Opening what the attack commands read: capture, model, auxiliary data, ground truth -> Context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gleak.attacks import Context, build_context
+from gleak.capture import Truth, load_capture, load_truth, truth_path_for
+from gleak.cli.common import resolve_device
+from gleak.data import load_dataset
+from gleak.errors import GleakError
+from gleak.models import load_model
+
+
+@dataclass
+class Inputs:
+    ctx: Context
+    truth: Truth | None
+    truth_path: Path | None
+
+
+def open_inputs(capture: Path, model: Path | None, arch: str | None, arch_kwargs: str | None, trust_pickle: bool,
+                aux: Path | None, truth: Path | None, no_truth: bool, fc_layer: str | None, device: str, seed: int,
+                batch_size: int | None) -> Inputs:
+    cap = load_capture(capture)
+    loaded = load_model(model, arch, arch_kwargs, trust_pickle) if model is not None else None
+    aux_data = load_dataset(aux) if aux is not None else None
+    if batch_size is not None and batch_size < 1:
+        raise GleakError("--batch-size must be ≥ 1")
+    ctx = build_context(cap, loaded, aux_data, resolve_device(device), seed, fc_layer, batch_size)
+    truth_file = None if no_truth else (truth or (truth_path_for(capture) if truth_path_for(capture).exists()
+                                                  else None))
+    if truth is not None and not truth.exists():
+        raise GleakError(f"{truth}: no such ground-truth file")
+    return Inputs(ctx, load_truth(truth_file, cap) if truth_file else None, truth_file)

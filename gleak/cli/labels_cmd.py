@@ -1,0 +1,144 @@
+"""`gleak labels`: recovered labels per attack, scored against ground truth and the chance baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.table import Table
+
+from gleak.attacks.base import AttackResult
+from gleak.attacks.plan import run_label_attacks, select_attacks
+from gleak.cli.common import (
+    ArchKwargsOpt,
+    ArchOpt,
+    DeviceOpt,
+    FcLayerOpt,
+    ForceOpt,
+    QuietOpt,
+    SeedOpt,
+    TrustPickleOpt,
+    VerboseOpt,
+    console,
+    err_console,
+    handle_errors,
+    print_json,
+)
+from gleak.cli.inputs import open_inputs
+from gleak.errors import GleakError
+from gleak.io import write_text_atomic
+from gleak.metrics.labels import chance_scores, truth_counts
+
+SHOWN = 12
+
+
+def compact(counts: torch.Tensor | list[int], limit: int = SHOWN) -> str:
+    """'3×2 7×1' (class×count), the largest counts first past ``limit`` entries."""
+    pairs = [(c, int(n)) for c, n in enumerate(torch.as_tensor(counts).tolist()) if n]
+    if len(pairs) > limit:
+        top = sorted(pairs, key=lambda p: -p[1])[:limit]
+        return " ".join(f"{c}×{n}" for c, n in sorted(top)) + f" … (+{len(pairs) - limit} classes)"
+    return " ".join(f"{c}×{n}" for c, n in pairs) or "—"
+
+
+def report(inputs: Any, results: list[AttackResult], counts: torch.Tensor | None) -> dict[str, Any]:
+    ctx = inputs.ctx
+    return {
+        "capture": str(ctx.capture.path), "kind": ctx.kind, "batch_size": ctx.batch_size,
+        "local_steps": ctx.local_steps, "num_classes": ctx.num_classes,
+        "last_layer": ctx.layer.name, "gradient_note": ctx.gradient_note,
+        "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
+        "truth_counts": counts.tolist() if counts is not None else None,
+        "chance": chance_scores(counts) if counts is not None else None,
+        "results": [r.to_json() for r in results],
+    }
+
+
+def render(data: dict[str, Any], results: list[AttackResult]) -> None:
+    head = (f"[bold]{data['capture']}[/]: {data['kind']}, B = {data['batch_size']}"
+            + (f", m = {data['local_steps']} steps" if data["local_steps"] > 1 else "")
+            + f", C = {data['num_classes']}, last layer '{data['last_layer']}'")
+    console.print(head)
+    if data["truth_counts"] is not None:
+        console.print(f"truth: {compact(data['truth_counts'])}   [dim]chance (random guessing): iAcc "
+                      f"{data['chance']['iacc']:.3f}, cAcc {data['chance']['cacc']:.3f}[/]")
+    scored = data["truth_counts"] is not None
+    table = Table(show_lines=False)
+    table.add_column("attack", style="bold")
+    table.add_column("recovered (class×count)", overflow="fold")
+    table.add_column("time", justify="right")
+    if scored:
+        for col in ("iAcc", "cAcc", "exact", "chance"):
+            table.add_column(col, justify="right")
+    reasons: dict[str, list[str]] = {}
+    for r in results:
+        if r.status != "ok":
+            label = "[yellow]not applicable[/]" if r.status == "not_applicable" else "[red]failed[/]"
+            reasons.setdefault(f"{label}: {r.reason}", []).append(r.attack)
+            table.add_row(f"[dim]{r.attack}[/]", label, "", *([""] * 4 if scored else []))
+            continue
+        cells = [r.attack + (" [yellow]⚠[/]" if r.warnings else ""), compact(r.output.counts), _time(r.seconds)]
+        if scored and r.scores:
+            s = r.scores
+            colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
+            cells += [f"[{colour}]{s['iacc']:.3f}[/]", f"{s['cacc']:.3f}", f"{s['exact']:.3f}", f"{s['chance_iacc']:.3f}"]
+        table.add_row(*cells)
+    console.print(table)
+    for reason, names in reasons.items():
+        console.print(f"{', '.join(names)} — {reason}", soft_wrap=True)
+    for r in results:
+        for w in r.warnings:
+            console.print(f"[yellow]⚠ {r.attack}:[/] {w}", soft_wrap=True)
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+@handle_errors
+def labels(
+    capture: Annotated[Path, typer.Argument(help="Capture file (.safetensors).")],
+    model: Annotated[Path | None, typer.Option("--model", "-M", help="Global model file.")] = None,
+    attack: Annotated[list[str] | None, typer.Option("--attack", "-a", help="Attack to run (repeatable); "
+                                                     "default: every applicable one.")] = None,
+    aux: Annotated[Path | None, typer.Option(help="Auxiliary labelled data (.safetensors or image folder).")] = None,
+    truth: Annotated[Path | None, typer.Option(help="Ground-truth file; default: NAME.truth.safetensors "
+                                               "next to the capture, when present.")] = None,
+    no_truth: Annotated[bool, typer.Option("--no-truth", help="Ignore any ground truth.")] = False,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.")] = None,
+    format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here.")] = None,
+    arch: ArchOpt = None,
+    arch_kwargs: ArchKwargsOpt = None,
+    trust_pickle: TrustPickleOpt = False,
+    fc_layer: FcLayerOpt = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Recover the labels behind a capture with every applicable attack; score them when truth is known."""
+    if format not in ("table", "json"):
+        raise GleakError(f"--format must be table or json, got '{format}'")
+    chosen = select_attacks("labels", attack)
+    if output is not None and output.exists() and not force:
+        raise GleakError(f"{output} already exists; pass --force to overwrite it")
+    inputs = open_inputs(capture, model, arch, arch_kwargs, trust_pickle, aux, truth, no_truth, fc_layer, device,
+                         seed, batch_size)
+    counts = truth_counts(inputs.truth.labels, inputs.ctx.num_classes) if inputs.truth is not None else None
+    progress = (lambda name: err_console.print(f"[dim]running {name}…[/]", end="\r")) if verbose else None
+    results = run_label_attacks(inputs.ctx, chosen, counts, progress)
+    data = report(inputs, results, counts)
+    if output is not None:
+        import json
+
+        write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)
+    if format == "json":
+        print_json(data)
+    elif not quiet or results:
+        render(data, results)
+    if all(r.status != "ok" for r in results):
+        raise GleakError("no label attack applies to this capture (reasons above / in the JSON)")

@@ -1,0 +1,1 @@
+"""Scores of attack results against ground truth."""
