@@ -126,7 +126,7 @@ def test_attacks_recover_real_mnist_batches(mnist, aux) -> None:
 def test_unique_labels_ilrg_exact(mnist, aux) -> None:
     for seed in range(3):
         model = loaded(seed=seed)
-        cap, truth = simulate_client(model.module, mnist, ClientConfig(batch_size=10, composition="unique", seed=seed))
+        cap, _ = simulate_client(model.module, mnist, ClientConfig(batch_size=10, composition="unique", seed=seed))
         result = run_attack(get_attack("ilrg"), build_context(cap, model, aux))
         assert result.output.counts.tolist() == [1] * 10
 

@@ -139,7 +139,8 @@ class Context:
                     if self.aux is not None:
                         h = self.aux_forward()[0]
                     else:
-                        h = self.features_and_logits(self.dummy_inputs(64, "random", torch.Generator().manual_seed(0)))[0]
+                        probe = self.dummy_inputs(64, "random", torch.Generator().manual_seed(0))
+                        h = self.features_and_logits(probe)[0]
                     value = float(h.min())
                 except GleakError:
                     value = None

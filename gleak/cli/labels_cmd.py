@@ -83,7 +83,8 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
         if scored and r.scores:
             s = r.scores
             colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
-            cells += [f"[{colour}]{s['iacc']:.3f}[/]", f"{s['cacc']:.3f}", f"{s['exact']:.3f}", f"{s['chance_iacc']:.3f}"]
+            cells += [f"[{colour}]{s['iacc']:.3f}[/]", f"{s['cacc']:.3f}", f"{s['exact']:.3f}",
+                      f"{s['chance_iacc']:.3f}"]
         table.add_row(*cells)
     console.print(table)
     for reason, names in reasons.items():

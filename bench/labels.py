@@ -1,0 +1,189 @@
+"""Label-recovery benchmark on the shipped MNIST data: iAcc / cAcc / time per attack and setting.
+
+    python bench/labels.py                 # full sweep, 20 trials per setting (a few minutes on 2 cores)
+    python bench/labels.py --trials 5      # quicker
+    python bench/labels.py --speed         # only the C = 1000, d = 2048 timing of the analytic attacks
+
+Every trial draws a fresh untrained model (its own seed) and a fresh client batch from
+``samples/data/mnist_client.safetensors``; auxiliary statistics come from ``samples/data/mnist_aux``.
+The trained row uses ``samples/models/lenet_mnist80.safetensors`` (82 % test accuracy). Results are printed
+and written as Markdown to ``bench/results/labels.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
+from gleak.attacks.plan import select_attacks  # noqa: E402
+from gleak.capture import capture_gradients  # noqa: E402
+from gleak.data import load_dataset  # noqa: E402
+from gleak.metrics.labels import chance_scores, label_scores, truth_counts  # noqa: E402
+from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
+from gleak.simulate import ClientConfig, simulate_client  # noqa: E402
+
+ATTACKS = ["idlg", "llg", "llg-star", "llg-plus", "ilrg", "zlg", "zlg-plus"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    label: str
+    arch: str
+    kwargs: dict
+    trained_file: str | None = None
+
+    def build(self, seed: int) -> LoadedModel:
+        if self.trained_file:
+            return load_model(ROOT / self.trained_file)
+        torch.manual_seed(seed)
+        return LoadedModel(build_zoo_model(self.arch, **self.kwargs).eval(), "bench", self.arch, self.kwargs,
+                           (1, 28, 28), "", {})
+
+
+MODELS = [
+    ModelSpec("LeNet-5 relu", "lenet", {"activation": "relu"}),
+    ModelSpec("LeNet-5 sigmoid", "lenet", {"activation": "sigmoid"}),
+    ModelSpec("LeNet-5 tanh", "lenet", {"activation": "tanh"}),
+    ModelSpec("iDLG CNN sigmoid", "idlg-cnn", {}),
+    ModelSpec("LeNet-5 relu, 82% trained", "lenet", {}, "samples/models/lenet_mnist80.safetensors"),
+]
+SETTINGS = [(1, "uniform"), (8, "uniform"), (8, "unique"), (8, "unbalanced"), (32, "uniform"),
+            (32, "unbalanced"), (128, "uniform"), (128, "unbalanced")]
+
+
+def sweep(trials: int, models: list[ModelSpec], settings: list[tuple[int, str]]) -> list[dict]:
+    client = load_dataset(ROOT / "samples/data/mnist_client.safetensors")
+    aux = load_dataset(ROOT / "samples/data/mnist_aux.safetensors")
+    attacks = select_attacks("labels", ATTACKS)
+    rows = []
+    for spec in models:
+        for batch, composition in settings:
+            scores: dict[str, list[dict]] = {a.name: [] for a in attacks}
+            reasons: dict[str, str] = {}
+            chance = []
+            for t in range(trials):
+                model = spec.build(seed=t)
+                cap, truth = simulate_client(model.module, client, ClientConfig(
+                    batch_size=batch, composition=composition, seed=10_000 + t))
+                ctx = build_context(cap, model, aux, seed=t)
+                counts = truth_counts(truth.labels, ctx.num_classes)
+                chance.append(chance_scores(counts)["iacc"])
+                for attack in attacks:
+                    result = run_attack(attack, ctx)
+                    if result.status != "ok":
+                        reasons[attack.name] = result.reason or result.status
+                        continue
+                    s = label_scores(result.output.counts, counts)
+                    s["seconds"] = result.seconds
+                    s["warned"] = bool(result.warnings)
+                    scores[attack.name].append(s)
+            row = {"model": spec.label, "B": batch, "batch": composition, "chance": statistics.mean(chance)}
+            for name, values in scores.items():
+                if values:
+                    row[name] = {k: (statistics.mean(v[k] for v in values), statistics.pstdev(v[k] for v in values))
+                                 for k in ("iacc", "cacc", "seconds")}
+                    row[name]["warned"] = any(v["warned"] for v in values)
+                else:
+                    row[name] = None
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return rows
+
+
+def format_row(row: dict) -> str:
+    cells = [f"{row['model']:<26} B={row['B']:<3} {row['batch']:<10} chance {row['chance']:.3f}"]
+    for name in ATTACKS:
+        v = row[name]
+        cells.append(f"{name} " + ("n/a" if v is None else f"{v['iacc'][0]:.3f}"))
+    return " | ".join(cells)
+
+
+def markdown(rows: list[dict], trials: int, speed: dict[str, float] | None) -> str:
+    out = [f"# Label benchmark ({trials} trials per setting, shipped MNIST, mean ± std)", ""]
+    for metric, title in (("iacc", "instance accuracy iAcc"), ("cacc", "class accuracy cAcc")):
+        out += [f"## {title}", "", "| model | B | batch | chance iAcc | " + " | ".join(ATTACKS) + " |",
+                "|---|---|---|---|" + "---|" * len(ATTACKS)]
+        for row in rows:
+            cells = []
+            for name in ATTACKS:
+                v = row[name]
+                if v is None:
+                    cells.append("n/a")
+                else:
+                    mark = " ⚠" if v["warned"] and name not in ("ilrg",) else ""
+                    cells.append(f"{v[metric][0]:.3f} ± {v[metric][1]:.3f}{mark}")
+            out.append(f"| {row['model']} | {row['B']} | {row['batch']} | {row['chance']:.3f} | " + " | ".join(cells)
+                       + " |")
+        out.append("")
+    out += ["## mean time per attack (ms, over all settings where it ran)", "",
+            "| " + " | ".join(ATTACKS) + " |", "|" + "---|" * len(ATTACKS)]
+    times = []
+    for name in ATTACKS:
+        values = [r[name]["seconds"][0] for r in rows if r[name] is not None]
+        times.append(f"{1e3 * statistics.mean(values):.2f}" if values else "n/a")
+    out += ["| " + " | ".join(times) + " |", ""]
+    out.append("⚠ = the attack warned (non-negative-feature assumption violated, e.g. tanh).")
+    if speed:
+        out += ["", "## C = 1000, d = 2048 synthetic last layer (median of 20 runs, ms)", "",
+                "| " + " | ".join(speed) + " |", "|" + "---|" * len(speed),
+                "| " + " | ".join(f"{v * 1e3:.2f}" for v in speed.values()) + " |"]
+    return "\n".join(out) + "\n"
+
+
+def speed_check(repeats: int = 20) -> dict[str, float]:
+    """Median wall time of the analytic attacks on a synthetic C = 1000, d = 2048 last layer."""
+    torch.manual_seed(0)
+    C, d = 1000, 2048
+    model = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, C)).eval()
+    loaded = LoadedModel(model, "bench", None, {}, (d,), "", {})
+    out = {}
+    for name, batch in (("idlg", 1), ("llg", 128), ("ilrg", 128)):
+        x = torch.randn(batch, d)
+        y = torch.randint(0, C, (batch,))
+        cap = capture_gradients(model, x, y, metadata={"gleak.input_shape": [d]})
+        ctx = build_context(cap, loaded)
+        attack = get_attack(name)
+        run_attack(attack, ctx)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = run_attack(attack, ctx)
+            times.append(time.perf_counter() - start)
+        assert result.status == "ok", result.reason
+        out[name] = statistics.median(times)
+        print(f"{name}: {out[name] * 1e3:.2f} ms (C = {C}, d = {d}, B = {batch})")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="gleak label-recovery benchmark")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--speed", action="store_true", help="only the C = 1000 timing")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/labels.md")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    speed = speed_check()
+    if args.speed:
+        return
+    start = time.time()
+    rows = sweep(args.trials, MODELS, SETTINGS)
+    text = markdown(rows, args.trials, speed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    print(f"wrote {args.out} in {time.time() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
