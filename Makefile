@@ -6,6 +6,9 @@ OUT := out/demo
 
 .PHONY: setup demo test lint bench samples clean
 
+bench: setup
+	$(BIN)/python bench/labels.py
+
 $(BIN)/gleak: pyproject.toml scripts/setup-venv.sh
 	bash scripts/setup-venv.sh
 	@touch $@
@@ -14,6 +17,8 @@ setup: $(BIN)/gleak
 
 demo: setup
 	$(BIN)/gleak inspect samples/captures/fedsgd_b32.safetensors --model samples/models/lenet_untrained.safetensors
+	$(BIN)/gleak labels samples/captures/fedsgd_b32.safetensors --model samples/models/lenet_untrained.safetensors \
+		--aux samples/data/mnist_aux.safetensors
 	$(BIN)/gleak simulate --model samples/models/lenet_untrained.safetensors --data samples/data/mnist_client.safetensors \
 		--batch-size 16 --local-steps 5 --seed 7 -o $(OUT)/fedavg_b16_m5.safetensors --force
 	$(BIN)/gleak inspect $(OUT)/fedavg_b16_m5.safetensors --model samples/models/lenet_untrained.safetensors

@@ -3,6 +3,7 @@
     python bench/labels.py                 # full sweep, 20 trials per setting (a few minutes on 2 cores)
     python bench/labels.py --trials 5      # quicker
     python bench/labels.py --speed         # only the C = 1000, d = 2048 timing of the analytic attacks
+    python bench/labels.py --suite updates # one suite: gradients, updates, losses, aux
 
 Every trial draws a fresh untrained model (its own seed) and a fresh client batch from
 ``samples/data/mnist_client.safetensors``; auxiliary statistics come from ``samples/data/mnist_aux``.
@@ -33,7 +34,7 @@ from gleak.metrics.labels import chance_scores, label_scores, truth_counts  # no
 from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
 from gleak.simulate import ClientConfig, simulate_client  # noqa: E402
 
-ATTACKS = ["idlg", "llg", "llg-star", "llg-plus", "ilrg", "zlg", "zlg-plus"]
+ATTACKS = ["idlg", "llg", "llg-star", "llg-plus", "ilrg", "zlg", "zlg-plus", "posterior", "rlu"]
 
 
 @dataclass(frozen=True)
@@ -62,70 +63,105 @@ SETTINGS = [(1, "uniform"), (8, "uniform"), (8, "unique"), (8, "unbalanced"), (3
             (32, "unbalanced"), (128, "uniform"), (128, "unbalanced")]
 
 
-def sweep(trials: int, models: list[ModelSpec], settings: list[tuple[int, str]]) -> list[dict]:
+def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, aux, attacks) -> dict:
+    """``trials`` fresh (model, batch) draws of one setting; mean ± std of iAcc, cAcc and time per attack."""
+    scores: dict[str, list[dict]] = {a.name: [] for a in attacks}
+    chance = []
+    for t in range(trials):
+        model = spec.build(seed=t)
+        cap, truth = simulate_client(model.module, client, ClientConfig(**config, seed=10_000 + t))
+        ctx = build_context(cap, model, aux, seed=t)
+        counts = truth_counts(truth.labels, ctx.num_classes)
+        chance.append(chance_scores(counts)["iacc"])
+        for attack in attacks:
+            result = run_attack(attack, ctx)
+            if result.status != "ok":
+                continue
+            s = label_scores(result.output.counts, counts)
+            s["seconds"] = result.seconds
+            s["warned"] = bool(result.warnings)
+            scores[attack.name].append(s)
+    row = {"model": spec.label, "setting": label, "chance": statistics.mean(chance)}
+    for name, values in scores.items():
+        if values:
+            row[name] = {k: (statistics.mean(v[k] for v in values), statistics.pstdev(v[k] for v in values))
+                         for k in ("iacc", "cacc", "seconds")}
+            row[name]["warned"] = any(v["warned"] for v in values)
+        else:
+            row[name] = None
+    print(format_row(row), flush=True)
+    return row
+
+
+def suites(trials: int, which: str) -> dict[str, list[dict]]:
     client = load_dataset(ROOT / "samples/data/mnist_client.safetensors")
     aux = load_dataset(ROOT / "samples/data/mnist_aux.safetensors")
+    aux100 = aux.subset(torch.cat([torch.nonzero(aux.labels == c).flatten()[:100] for c in range(10)]))
+    aux10 = aux.subset(torch.cat([torch.nonzero(aux.labels == c).flatten()[:10] for c in range(10)]))
     attacks = select_attacks("labels", ATTACKS)
-    rows = []
-    for spec in models:
-        for batch, composition in settings:
-            scores: dict[str, list[dict]] = {a.name: [] for a in attacks}
-            reasons: dict[str, str] = {}
-            chance = []
-            for t in range(trials):
-                model = spec.build(seed=t)
-                cap, truth = simulate_client(model.module, client, ClientConfig(
-                    batch_size=batch, composition=composition, seed=10_000 + t))
-                ctx = build_context(cap, model, aux, seed=t)
-                counts = truth_counts(truth.labels, ctx.num_classes)
-                chance.append(chance_scores(counts)["iacc"])
-                for attack in attacks:
-                    result = run_attack(attack, ctx)
-                    if result.status != "ok":
-                        reasons[attack.name] = result.reason or result.status
-                        continue
-                    s = label_scores(result.output.counts, counts)
-                    s["seconds"] = result.seconds
-                    s["warned"] = bool(result.warnings)
-                    scores[attack.name].append(s)
-            row = {"model": spec.label, "B": batch, "batch": composition, "chance": statistics.mean(chance)}
-            for name, values in scores.items():
-                if values:
-                    row[name] = {k: (statistics.mean(v[k] for v in values), statistics.pstdev(v[k] for v in values))
-                                 for k in ("iacc", "cacc", "seconds")}
-                    row[name]["warned"] = any(v["warned"] for v in values)
-                else:
-                    row[name] = None
-            rows.append(row)
-            print(format_row(row), flush=True)
-    return rows
+    out: dict[str, list[dict]] = {}
+    if which in ("all", "gradients"):
+        out["gradients (FedSGD, one step)"] = [
+            run_setting(f"B={b} {comp}", spec, {"batch_size": b, "composition": comp}, trials, client, aux100, attacks)
+            for spec in MODELS for b, comp in SETTINGS]
+    relu, trained = MODELS[0], MODELS[4]
+    if which in ("all", "updates"):
+        updates = [("m=1 SGD update", relu, {"scheme": "fedavg"}),
+                   ("m=10 SGD", relu, {"scheme": "fedavg", "local_steps": 10}),
+                   ("m=10 SGD momentum 0.9", relu, {"scheme": "fedavg", "local_steps": 10, "optimizer": "sgdm"}),
+                   ("m=10 Nesterov 0.9", relu, {"scheme": "fedavg", "local_steps": 10, "optimizer": "nag"}),
+                   ("m=10 FedProx μ=0.5", relu, {"scheme": "fedprox", "local_steps": 10, "mu": 0.5}),
+                   ("m=1 SGD update", trained, {"scheme": "fedavg"}),
+                   ("m=10 SGD", trained, {"scheme": "fedavg", "local_steps": 10})]
+        out["updates (B = 32, lr 0.01)"] = [
+            run_setting(label, spec, {"batch_size": 32, **cfg}, trials, client, aux100, attacks)
+            for label, spec, cfg in updates]
+    if which in ("all", "losses"):
+        from gleak.losses import LossSpec
+
+        losses = [("cross-entropy", LossSpec()), ("focal γ=2", LossSpec("focal", focal_gamma=2.0)),
+                  ("τ=0.8", LossSpec(temperature=0.8)), ("τ=1.2", LossSpec(temperature=1.2)),
+                  ("ε=0.1", LossSpec(label_smoothing=0.1)), ("ε=0.25", LossSpec(label_smoothing=0.25))]
+        out["losses (B = 32, one step)"] = [
+            run_setting(label, spec, {"batch_size": 32, "loss": loss}, trials, client, aux100, attacks)
+            for spec in (MODELS[1], MODELS[2]) for label, loss in losses]
+    if which in ("all", "aux"):
+        rows = []
+        for label, cfg in (("B=32 m=1", {"batch_size": 32}),
+                           ("B=32 m=10", {"batch_size": 32, "scheme": "fedavg", "local_steps": 10})):
+            for name, data in (("aux 100/class", aux100), ("aux 10/class", aux10)):
+                rows.append(run_setting(f"{label}, {name}", relu, cfg, trials, client, data, attacks))
+        out["auxiliary data size (untrained LeNet-5 relu)"] = rows
+    return out
 
 
 def format_row(row: dict) -> str:
-    cells = [f"{row['model']:<26} B={row['B']:<3} {row['batch']:<10} chance {row['chance']:.3f}"]
+    cells = [f"{row['model']:<26} {row['setting']:<24} chance {row['chance']:.3f}"]
     for name in ATTACKS:
         v = row[name]
         cells.append(f"{name} " + ("n/a" if v is None else f"{v['iacc'][0]:.3f}"))
     return " | ".join(cells)
 
 
-def markdown(rows: list[dict], trials: int, speed: dict[str, float] | None) -> str:
-    out = [f"# Label benchmark ({trials} trials per setting, shipped MNIST, mean ± std)", ""]
-    for metric, title in (("iacc", "instance accuracy iAcc"), ("cacc", "class accuracy cAcc")):
-        out += [f"## {title}", "", "| model | B | batch | chance iAcc | " + " | ".join(ATTACKS) + " |",
-                "|---|---|---|---|" + "---|" * len(ATTACKS)]
-        for row in rows:
-            cells = []
-            for name in ATTACKS:
-                v = row[name]
-                if v is None:
-                    cells.append("n/a")
-                else:
-                    mark = " ⚠" if v["warned"] and name not in ("ilrg",) else ""
-                    cells.append(f"{v[metric][0]:.3f} ± {v[metric][1]:.3f}{mark}")
-            out.append(f"| {row['model']} | {row['B']} | {row['batch']} | {row['chance']:.3f} | " + " | ".join(cells)
-                       + " |")
-        out.append("")
+def markdown(results: dict[str, list[dict]], trials: int, speed: dict[str, float] | None) -> str:
+    out = [f"# Label benchmark ({trials} trials per setting, shipped MNIST, mean ± std)", "",
+           "Auxiliary data: 100 images per class of `samples/data/mnist_aux` unless the row says otherwise.", ""]
+    for title, rows in results.items():
+        for metric, name in (("iacc", "iAcc"), ("cacc", "cAcc")):
+            out += [f"## {title}: {name}", "", "| model | setting | chance iAcc | " + " | ".join(ATTACKS) + " |",
+                    "|---|---|---|" + "---|" * len(ATTACKS)]
+            for row in rows:
+                cells = []
+                for attack in ATTACKS:
+                    v = row[attack]
+                    if v is None:
+                        cells.append("n/a")
+                    else:
+                        mark = " ⚠" if v["warned"] else ""
+                        cells.append(f"{v[metric][0]:.3f} ± {v[metric][1]:.3f}{mark}")
+                out.append(f"| {row['model']} | {row['setting']} | {row['chance']:.3f} | " + " | ".join(cells) + " |")
+            out.append("")
+    rows = [r for rs in results.values() for r in rs]
     out += ["## mean time per attack (ms, over all settings where it ran)", "",
             "| " + " | ".join(ATTACKS) + " |", "|" + "---|" * len(ATTACKS)]
     times = []
@@ -133,7 +169,8 @@ def markdown(rows: list[dict], trials: int, speed: dict[str, float] | None) -> s
         values = [r[name]["seconds"][0] for r in rows if r[name] is not None]
         times.append(f"{1e3 * statistics.mean(values):.2f}" if values else "n/a")
     out += ["| " + " | ".join(times) + " |", ""]
-    out.append("⚠ = the attack warned (non-negative-feature assumption violated, e.g. tanh).")
+    out.append("⚠ = the attack warned on some trials (e.g. non-negative features assumed but violated by tanh; "
+               "an update read as a gradient; a loss the attack's derivation does not cover).")
     if speed:
         out += ["", "## C = 1000, d = 2048 synthetic last layer (median of 20 runs, ms)", "",
                 "| " + " | ".join(speed) + " |", "|" + "---|" * len(speed),
@@ -170,19 +207,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="gleak label-recovery benchmark")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--speed", action="store_true", help="only the C = 1000 timing")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/labels.md")
+    parser.add_argument("--suite", default="all", choices=["all", "gradients", "updates", "losses", "aux"])
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     speed = speed_check()
     if args.speed:
         return
     start = time.time()
-    rows = sweep(args.trials, MODELS, SETTINGS)
-    text = markdown(rows, args.trials, speed)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    results = suites(args.trials, args.suite)
+    text = markdown(results, args.trials, speed)
+    out = args.out or ROOT / f"bench/results/labels{'' if args.suite == 'all' else '-' + args.suite}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
     print(text)
-    print(f"wrote {args.out} in {time.time() - start:.0f}s")
+    print(f"wrote {out} in {time.time() - start:.0f}s")
 
 
 if __name__ == "__main__":

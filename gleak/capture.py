@@ -65,6 +65,8 @@ SCHEMA: dict[str, Field] = {
                              ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc")),
     "gleak.fl.mu": Field("float", "FedProx proximal weight μ", minimum=0),
     "gleak.fl.alpha": Field("float", "FedDyn / FedDC regulariser α", minimum=0),
+    "gleak.fl.history": Field("float_list", "Scaffold/FedDyn/FedDC history term h of the last-layer bias "
+                              "(RLU Table 1)"),
     "gleak.fl.round": Field("int", "federated round", minimum=0),
     "gleak.fl.client_id": Field("str", "client identifier"),
     "gleak.num_classes": Field("int", "number of classes C", minimum=1),

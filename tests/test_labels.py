@@ -263,3 +263,88 @@ def test_cli_attacks_lists_registry(gleak) -> None:
     assert set(rows) == set(REGISTRY)
     assert "bias" in rows["ilrg"]["requires"] and "aux data" in rows["llg-plus"]["requires"]
     assert "B = 1" in rows["idlg"]["requires"]
+
+
+# ------------------------------------------------------------------------------------------ issue 4: posterior, RLU
+
+
+@pytest.mark.parametrize("loss", [LossSpec(), LossSpec("focal", focal_gamma=2.0), LossSpec(temperature=0.8),
+                                  LossSpec(label_smoothing=0.25), LossSpec("bce")])
+def test_posterior_recovers_batches_under_each_loss(mnist, aux, loss) -> None:
+    for seed, activation in ((0, "sigmoid"), (1, "tanh")):
+        model = loaded(activation, seed=seed)
+        cap, truth = simulate_client(model.module, mnist, ClientConfig(batch_size=32, loss=loss, seed=seed))
+        ctx = build_context(cap, model, aux)
+        assert ctx.loss == loss  # read from the capture's metadata
+        assert attack_iacc(ctx, "posterior", truth) == 1.0
+
+
+def test_posterior_uses_the_loss_it_is_told(mnist, aux, gleak, tmp_path: Path) -> None:
+    model = load_model(LENET)
+    cap, truth = simulate_client(model.module, mnist, ClientConfig(batch_size=32, seed=4,
+                                                                    loss=LossSpec(temperature=0.5)))
+    path = save_capture(cap, tmp_path / "t.safetensors")
+    save_truth(truth, truth_path_for(path), capture_path=path)
+    good = json.loads(gleak("labels", path, "-M", LENET, "--aux", MNIST_AUX, "-a", "posterior",
+                            "--format", "json").stdout)
+    bad = json.loads(gleak("labels", path, "-M", LENET, "--aux", MNIST_AUX, "-a", "posterior", "--temperature",
+                           "3.0", "--format", "json").stdout)
+    assert good["loss"]["temperature"] == 0.5 and bad["loss"]["temperature"] == 3.0
+    assert good["results"][0]["scores"]["iacc"] == 1.0 > bad["results"][0]["scores"]["iacc"]
+
+
+def test_focal_coefficient_limits() -> None:
+    from gleak.attacks.labels.posterior import focal_coefficient
+
+    p = torch.tensor([0.1, 0.5, 1 - 1e-7])
+    assert torch.allclose(focal_coefficient(p, 0.0, 1.0, 2.0), torch.full((3,), 0.5, dtype=torch.float64))
+    phi = focal_coefficient(p, 2.0, 1.0, 1.0)
+    assert bool(torch.isfinite(phi).all()) and phi[2] < 1e-10 and phi[0] > phi[1]
+
+
+@pytest.mark.parametrize("config", [
+    {"scheme": "fedavg"},
+    {"scheme": "fedavg", "local_steps": 10},
+    {"scheme": "fedavg", "local_steps": 10, "optimizer": "sgdm"},
+    {"scheme": "fedprox", "local_steps": 10, "mu": 0.5},
+])
+def test_rlu_on_updates(mnist, aux, config) -> None:
+    scores = []
+    for seed in range(3):
+        model = loaded(seed=seed)
+        cap, truth = simulate_client(model.module, mnist, ClientConfig(batch_size=32, seed=seed, **config))
+        scores.append(attack_iacc(build_context(cap, model, aux), "rlu", truth))
+    assert np.mean(scores) >= 0.95, scores
+
+
+def test_rlu_scaffold_needs_and_uses_history(mnist, aux) -> None:
+    model = loaded(seed=2)
+    cap, truth = simulate_client(model.module, mnist, ClientConfig(batch_size=32, scheme="fedavg", seed=9))
+    plain = run_attack(get_attack("rlu"), build_context(cap, model, aux)).output.counts
+    h = torch.linspace(-0.02, 0.02, 10, dtype=torch.float64)
+    cap.tensors["fc3.bias"] = cap.tensors["fc3.bias"] - h.float()  # Δb = (what SGD did) − h  (Eq. 16)
+    cap.meta["gleak.fl.scheme"] = "scaffold"
+    assert "gleak.fl.history" in run_attack(get_attack("rlu"), build_context(cap, model, aux)).reason
+    cap.meta["gleak.fl.history"] = h.tolist()
+    result = run_attack(get_attack("rlu"), build_context(cap, model, aux))
+    assert result.status == "ok" and torch.equal(result.output.counts, plain)
+    assert label_scores(plain, truth_counts(truth.labels, 10))["iacc"] >= 0.95
+
+
+def test_rlu_is_seeded_and_needs_aux(mnist, aux) -> None:
+    model = loaded(seed=5)
+    cap, _ = simulate_client(model.module, mnist, ClientConfig(batch_size=16, local_steps=3, scheme="fedavg"))
+    a = run_attack(get_attack("rlu"), build_context(cap, model, aux, seed=1)).output
+    b = run_attack(get_attack("rlu"), build_context(cap, model, aux, seed=1)).output
+    assert torch.equal(a.counts, b.counts) and torch.equal(a.diagnostics["z"], b.diagnostics["z"])
+    assert int(a.counts.sum()) == 48
+    assert "auxiliary" in run_attack(get_attack("rlu"), build_context(cap, model)).reason
+
+
+def test_cli_labels_rlu_on_shipped_fedavg_sample(gleak) -> None:
+    r = gleak("labels", FEDAVG, "--model", LENET, "--aux", MNIST_AUX, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    by = {x["attack"]: x for x in json.loads(r.stdout)["results"]}
+    assert by["rlu"]["status"] == "ok" and sum(by["rlu"]["counts"]) == 320
+    assert by["rlu"]["scores"]["iacc"] >= 0.95
+    assert "10 local steps" in by["ilrg"]["reason"]

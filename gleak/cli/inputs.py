@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from gleak.attacks import Context, build_context
 from gleak.capture import Truth, load_capture, load_truth, truth_path_for
 from gleak.cli.common import resolve_device
 from gleak.data import load_dataset
 from gleak.errors import GleakError
+from gleak.losses import LossSpec
 from gleak.models import load_model
 
 
@@ -22,13 +24,19 @@ class Inputs:
 
 def open_inputs(capture: Path, model: Path | None, arch: str | None, arch_kwargs: str | None, trust_pickle: bool,
                 aux: Path | None, truth: Path | None, no_truth: bool, fc_layer: str | None, device: str, seed: int,
-                batch_size: int | None) -> Inputs:
+                batch_size: int | None, loss_overrides: dict[str, Any] | None = None) -> Inputs:
+    """Load and validate everything; ``loss_overrides`` (LossSpec field -> value) beat the capture's metadata."""
     cap = load_capture(capture)
     loaded = load_model(model, arch, arch_kwargs, trust_pickle) if model is not None else None
     aux_data = load_dataset(aux) if aux is not None else None
     if batch_size is not None and batch_size < 1:
         raise GleakError("--batch-size must be ≥ 1")
-    ctx = build_context(cap, loaded, aux_data, resolve_device(device), seed, fc_layer, batch_size)
+    loss = LossSpec.from_metadata(cap.meta)
+    overrides = {k: v for k, v in (loss_overrides or {}).items() if v is not None}
+    if overrides:
+        loss = replace(loss, **overrides)
+        loss.__post_init__()
+    ctx = build_context(cap, loaded, aux_data, resolve_device(device), seed, fc_layer, batch_size, loss)
     truth_file = None if no_truth else (truth or (truth_path_for(capture) if truth_path_for(capture).exists()
                                                   else None))
     if truth is not None and not truth.exists():

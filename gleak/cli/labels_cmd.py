@@ -49,6 +49,9 @@ def report(inputs: Any, results: list[AttackResult], counts: torch.Tensor | None
         "capture": str(ctx.capture.path), "kind": ctx.kind, "batch_size": ctx.batch_size,
         "local_steps": ctx.local_steps, "num_classes": ctx.num_classes,
         "last_layer": ctx.layer.name, "gradient_note": ctx.gradient_note,
+        "loss": {"name": ctx.loss.name, "reduction": ctx.loss.reduction, "temperature": ctx.loss.temperature,
+                 "label_smoothing": ctx.loss.label_smoothing, "focal_gamma": ctx.loss.focal_gamma,
+                 "focal_alpha": ctx.loss.focal_alpha},
         "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
         "truth_counts": counts.tolist() if counts is not None else None,
         "chance": chance_scores(counts) if counts is not None else None,
@@ -109,6 +112,11 @@ def labels(
                                                "next to the capture, when present.")] = None,
     no_truth: Annotated[bool, typer.Option("--no-truth", help="Ignore any ground truth.")] = False,
     batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.")] = None,
+    loss: Annotated[str | None, typer.Option(help="Override the capture's loss: cross_entropy, focal, bce.")] = None,
+    focal_gamma: Annotated[float | None, typer.Option(help="Override focal γ.")] = None,
+    focal_alpha: Annotated[float | None, typer.Option(help="Override focal α.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Override the softmax temperature τ.")] = None,
+    label_smoothing: Annotated[float | None, typer.Option(help="Override label smoothing ε.")] = None,
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here.")] = None,
     arch: ArchOpt = None,
@@ -127,8 +135,10 @@ def labels(
     chosen = select_attacks("labels", attack)
     if output is not None and output.exists() and not force:
         raise GleakError(f"{output} already exists; pass --force to overwrite it")
+    overrides = {"name": loss, "focal_gamma": focal_gamma, "focal_alpha": focal_alpha, "temperature": temperature,
+                 "label_smoothing": label_smoothing}
     inputs = open_inputs(capture, model, arch, arch_kwargs, trust_pickle, aux, truth, no_truth, fc_layer, device,
-                         seed, batch_size)
+                         seed, batch_size, overrides)
     counts = truth_counts(inputs.truth.labels, inputs.ctx.num_classes) if inputs.truth is not None else None
     progress = (lambda name: err_console.print(f"[dim]running {name}…[/]", end="\r")) if verbose else None
     results = run_label_attacks(inputs.ctx, chosen, counts, progress)

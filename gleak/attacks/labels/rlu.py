@@ -1,0 +1,259 @@
+"""RLU (Chen & Vikalo, ICML 2024, seed 004): label counts from model *updates* of one or many local steps.
+
+The paper's version, not the released code's closed form (METHODS §6b lists the differences):
+
+1. Per true class n, logits of the auxiliary examples under the global model give μ_n, Σ_n
+   (Assumption 3.1); Monte Carlo over q ~ N(μ_n, Σ_n) gives the erroneous confidences S_{n,j} (Eq. 8).
+2. Eq. 9 / 16: E[Δb_j] = (η/B) Σ_τ ρ^(τ) (N_j Σ_{n≠j} S_{j,n} − Σ_{n≠j} N_n S_{n,j}) − h_j, so with
+   z = N/(m·B): A z = (Δb + h)/(η·Σ_τ ρ^(τ)), A_jj = Σ_{n≠j} S_{j,n}, A_jn = −S_{n,j} (orientation from Eq. 9).
+   Solved as min ‖Az − u‖² s.t. z ≥ 0, Σz = 1 with scipy's SLSQP; counts rounded to sum to m·B.
+3. m > 1 (Alg. 1, 2): A is averaged over the start model and the end model θ + Δθ for a crude estimate,
+   then the posterior search simulates the m steps (Eq. 12–13) and moves m labels from the class whose
+   simulated logit drift overshoots most to the one that undershoots most, T = 5 times. Fixes and choices:
+   the drift is compared per class (the reference code compares a vector with one scalar), centred (softmax
+   ignores a common shift) and with the scale of ‖ē‖² fitted once at the crude estimate; a move of m labels
+   is kept only when the mismatch along it accounts for at least one whole move (least-squares step ≥ 1),
+   otherwise the search stops — without these guards the search made the crude estimate worse in our
+   measurements; ē comes from a least-squares
+   fit ΔW_j ≈ Δb_j·ē over all classes instead of one class's ratio, which is unstable for small Δb_j.
+4. FL schemes through ρ^(τ) and h (Table 1): SGD, momentum, Nesterov, FedProx μ and weight decay (as the
+   exact linear recurrence of the bias), and Scaffold / FedDyn / FedDC when the capture carries the
+   history term h in ``gleak.fl.history`` (the Table-1 h_j of the last-layer bias).
+A FedSGD gradient is the m = 1 case with u = −∇b.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+
+from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.context import Context
+from gleak.attacks.labels.counts import round_counts
+from gleak.errors import GleakError
+
+MC_SAMPLES = 2000
+SEARCH_ITERATIONS = 5  # T in the main text
+HISTORY_SCHEMES = ("scaffold", "feddyn", "feddc")
+
+
+def rho_and_history(ctx: Context, b0: torch.Tensor) -> tuple[np.ndarray, torch.Tensor, list[str]]:
+    """ρ^(τ) for τ = 1..m and the history/decay term h of Eq. 16 for the capture's optimizer and scheme."""
+    cap, m = ctx.capture, ctx.local_steps
+    if ctx.kind == "gradient":
+        return np.ones(1), torch.zeros_like(b0), []
+    lr = cap.learning_rate
+    optimizer = cap.get("gleak.optimizer", "sgd")
+    scheme = cap.get("gleak.fl.scheme", "fedavg")
+    wd = cap.get("gleak.weight_decay", 0.0)
+    tau = np.arange(1, m + 1)
+    notes: list[str] = []
+    h = torch.zeros_like(b0)
+    if scheme in HISTORY_SCHEMES:
+        lam = cap.get("gleak.fl.alpha", 0.0) if scheme != "scaffold" else 0.0
+        rho = (1 - lam * lr) ** (m - tau)
+        h = torch.tensor(cap.get("gleak.fl.history"), dtype=torch.float64)
+        return rho, h, [f"{scheme}: ρ = (1 − {lam:g}·η)^(m−τ), history term from gleak.fl.history"]
+    if optimizer in ("sgdm", "nag"):
+        gamma = cap.get("gleak.momentum", 0.9)
+        shift = 1 if optimizer == "sgdm" else 2
+        rho = (1 - gamma ** (m + shift - tau)) / (1 - gamma)
+        if wd or scheme == "fedprox":
+            notes.append("momentum combined with weight decay or FedProx is approximated by momentum alone")
+        return rho, h, notes
+    # plain SGD with FedProx μ and weight decay: b_{τ+1} = a·b_τ + c·b_0 − η·g_τ
+    mu = cap.get("gleak.fl.mu", 0.0) if scheme == "fedprox" else 0.0
+    a, c = 1 - lr * (mu + wd), lr * mu
+    rho = a ** (m - tau)
+    geometric = sum(a**k for k in range(m))
+    h = -((a**m - 1) + c * geometric) * b0.double()
+    return rho, h, notes
+
+
+class _Confidences:
+    """Monte Carlo erroneous confidences S_{n,j} = E_{q ~ N(μ_n, Σ_n)} softmax(q)_j with fixed draws."""
+
+    def __init__(self, cov: torch.Tensor, gen: torch.Generator, samples: int) -> None:
+        C = cov.shape[0]
+        eye = torch.eye(C, dtype=torch.float64)
+        chol = []
+        for n in range(C):
+            sigma = cov[n] + 1e-6 * (1 + cov[n].diagonal().mean().abs()) * eye
+            try:
+                chol.append(torch.linalg.cholesky(sigma))
+            except RuntimeError:  # not positive definite: keep the variances only
+                chol.append(torch.diag(sigma.diagonal().clamp_min(0).sqrt()))
+        self.noise = torch.einsum("mk,njk->nmj", torch.randn(samples, C, generator=gen, dtype=torch.float64),
+                                  torch.stack(chol))  # [C, M, C]: L_n z
+
+    def __call__(self, mean: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(mean[:, None, :] + self.noise, dim=2).mean(1)  # [n, j]
+
+
+def coefficient_matrix(S: torch.Tensor) -> torch.Tensor:
+    """A_jj = Σ_{n≠j} S_{j,n}; A_jn = −S_{n,j} (Eq. 9)."""
+    off = S.clone()
+    off.fill_diagonal_(0.0)
+    return torch.diag(off.sum(1)) - off.T
+
+
+def simplex_least_squares(A: torch.Tensor, u: torch.Tensor) -> np.ndarray:
+    """min ‖Az − u‖² s.t. 0 ≤ z ≤ 1, Σz = 1 (Eq. 10), with SLSQP from the clipped unconstrained solution."""
+    An, un = A.numpy(), u.numpy()
+    C = len(un)
+    start = np.clip(np.linalg.lstsq(An, un, rcond=None)[0], 0, None)
+    start = start / start.sum() if start.sum() > 0 else np.full(C, 1 / C)
+    scale = max(float(np.abs(un).max()), 1e-12)
+
+    def fun(z: np.ndarray) -> tuple[float, np.ndarray]:
+        r = (An @ z - un) / scale
+        return float(r @ r), 2 * An.T @ r / scale
+
+    res = minimize(fun, start, jac=True, method="SLSQP", bounds=[(0.0, 1.0)] * C,
+                   constraints=[{"type": "eq", "fun": lambda z: z.sum() - 1, "jac": lambda z: np.ones(C)}],
+                   options={"maxiter": 500, "ftol": 1e-14})
+    z = np.clip(res.x if np.all(np.isfinite(res.x)) else start, 0, None)
+    return z / z.sum() if z.sum() > 0 else np.full(C, 1 / C)
+
+
+@register
+class RLU(Attack):
+    name = "rlu"
+    paper = "Chen & Vikalo, Recovering Labels from Local Updates in Federated Learning, ICML 2024"
+    summary = "label counts from one- or multi-step updates via simplex least squares on MC confidences"
+    requires = Requirements(gradient_view=False, needs_bias=True, needs_aux=True, needs_model_forward=True)
+
+    def not_applicable(self, ctx: Context) -> str | None:
+        reason = super().not_applicable(ctx)
+        if reason or ctx.kind == "gradient":
+            return reason
+        cap = ctx.capture
+        if not cap.learning_rate:
+            return "needs the client learning rate (gleak.learning_rate) to read the update"
+        if cap.get("gleak.optimizer", "sgd") == "adam":
+            return "Adam updates are not covered by RLU's model (Table 1 lists SGD, momentum and Nesterov)"
+        scheme = cap.get("gleak.fl.scheme", "fedavg")
+        if scheme in HISTORY_SCHEMES and cap.get("gleak.fl.history") is None:
+            return f"{scheme} needs the history term of Table 1 in gleak.fl.history, which the capture lacks"
+        if ctx.layer.grad_bias is None:
+            return "the capture lacks the last-layer bias update"
+        return None
+
+    def run(self, ctx: Context) -> LabelOutput:
+        C, B, m = ctx.num_classes, ctx.batch_size, ctx.local_steps
+        gen = self.generator(ctx)
+        warnings: list[str] = []
+        if ctx.loss.name != "cross_entropy" or ctx.loss.label_smoothing or ctx.loss.temperature != 1:
+            warnings.append("RLU's model assumes plain cross-entropy; the capture's loss settings differ")
+        b0 = ctx.layer.bias.double().cpu()
+        rho, h, notes = rho_and_history(ctx, b0)
+        warnings += notes
+        if ctx.kind == "gradient":
+            eta, delta_b = 1.0, -ctx.grad_bias.double()
+        else:
+            eta, delta_b = float(ctx.capture.learning_rate), ctx.layer.grad_bias.double().cpu()
+        u = (delta_b + h) / (eta * float(rho.sum()))
+        if ctx.loss.reduction == "sum":
+            u = u / B
+        _, z_start, y = ctx.aux_forward()
+        start = _stats(z_start, y, C)
+        mc = _Confidences(start[1], gen, MC_SAMPLES)
+        A = coefficient_matrix(mc(start[0]))
+        diagnostics: dict = {"rho_sum": float(rho.sum()), "mc_samples": MC_SAMPLES}
+        if m == 1:
+            z = simplex_least_squares(A, u)
+            counts = round_counts(z * B, B)
+        else:
+            z_end = _logits(ctx, _end_model(ctx), ctx.aux)
+            end = _stats(z_end, y, C)
+            A_end = coefficient_matrix(_Confidences(end[1], gen, MC_SAMPLES)(end[0]))
+            z = simplex_least_squares((A + A_end) / 2, u)
+            counts = round_counts(z * m * B, m * B)
+            diagnostics["crude_counts"] = counts.clone()
+            counts, moves = self._posterior_search(ctx, counts, start, end, mc, eta, rho, delta_b + h)
+            diagnostics["search_moves"] = moves
+        diagnostics["z"] = torch.from_numpy(z)
+        return LabelOutput(counts, diagnostics=diagnostics, warnings=warnings)
+
+    def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: tuple, end: tuple, mc: _Confidences,
+                          eta: float, rho: np.ndarray, db: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Alg. 2: simulate the m steps' logit drift for the counts and move m labels while it helps."""
+        m, B = ctx.local_steps, ctx.batch_size
+        dW = ctx.layer.grad_weight.double().cpu()
+        e_bar = (db[:, None] * dW).sum(0) / (db @ db).clamp_min(1e-300)  # LS fit ΔW_j ≈ Δb_j·ē (Eq. 14)
+        energy = float(e_bar @ e_bar)
+        per_step = eta * float(rho.mean()) / B
+        observed = end[0].sum(0) - start[0].sum(0)  # Σ_n μ_end[n, j] − Σ_n μ_start[n, j]
+
+        def drift(n: torch.Tensor) -> torch.Tensor:
+            g = n.double() / m
+            mu = start[0].clone()
+            for _ in range(m):
+                S = mc(mu)
+                off = S.clone()
+                off.fill_diagonal_(0.0)
+                step_b = per_step * (g * off.sum(1) - off.T @ g)  # Eq. 12
+                mu = mu + step_b[None, :] * energy  # Eq. 13, the same shift for every true class n
+            d = mu.sum(0) - start[0].sum(0)
+            return d - d.mean()  # softmax ignores a common shift of all logits
+
+        target = observed - observed.mean()
+        crude = drift(counts)
+        # ‖ē‖² only approximates ē·e per example; fit its scale once, at the crude estimate
+        scale = float((crude @ target) / (crude @ crude).clamp_min(1e-300)) if bool(crude.abs().sum() > 0) else 1.0
+        scale = scale if scale > 0 else 1.0
+
+        def mismatch(n: torch.Tensor) -> torch.Tensor:
+            return scale * drift(n) - target
+
+        diff = mismatch(counts)
+        moves = 0
+        for _ in range(SEARCH_ITERATIONS):
+            over = torch.where((diff > 0) & (counts >= m), diff, torch.full_like(diff, -torch.inf))
+            under = torch.where(diff < 0, diff, torch.full_like(diff, torch.inf))
+            if not torch.isfinite(over.max()) or not torch.isfinite(under.min()):
+                break
+            trial = counts.clone()
+            trial[int(over.argmax())] -= m
+            trial[int(under.argmin())] += m
+            new_diff = mismatch(trial)
+            step = new_diff - diff  # what moving m labels changes in the simulated drift
+            if float(-(diff @ step) / (step @ step).clamp_min(1e-300)) < 1.0:
+                break  # the mismatch does not account for a whole move of m labels: keep the estimate
+            counts, diff, moves = trial, new_diff, moves + 1
+        return counts, moves
+
+
+def _stats(logits: torch.Tensor, labels: torch.Tensor, C: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class logit means μ [C, C] and covariances Σ [C, C, C]; classes without examples get the overall ones."""
+    z = logits.double()
+    mean = torch.empty(C, C, dtype=torch.float64)
+    cov = torch.empty(C, C, C, dtype=torch.float64)
+    overall_mean, overall_cov = z.mean(0), torch.cov(z.T) if len(z) > 1 else torch.zeros(C, C, dtype=torch.float64)
+    for n in range(C):
+        zn = z[labels == n]
+        mean[n] = zn.mean(0) if len(zn) else overall_mean
+        cov[n] = torch.cov(zn.T) if len(zn) > 1 else overall_cov
+    return mean, cov
+
+
+def _end_model(ctx: Context) -> torch.nn.Module:
+    """θ_end = θ_global + Δθ (parameters and any buffers the capture carries)."""
+    model = copy.deepcopy(ctx.model)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, delta in ctx.capture.tensors.items():
+            if name in state and state[name].dtype.is_floating_point:
+                state[name].add_(delta.to(state[name].device, state[name].dtype))
+    return model.eval()
+
+
+def _logits(ctx: Context, model: torch.nn.Module, data: object) -> torch.Tensor:
+    if data is None:
+        raise GleakError("needs auxiliary labelled data (--aux)")
+    inputs, _ = data.batch(range(len(data)))
+    with torch.no_grad():
+        return torch.cat([model(inputs[i:i + 1024].to(ctx.device)).cpu() for i in range(0, len(inputs), 1024)])
