@@ -10,4 +10,6 @@ UV="$(command -v uv || echo "$PY -m uv")"
 if [ ! -x .venv/bin/python ]; then
     $UV venv -q -p "$PY" .venv
 fi
-VIRTUAL_ENV="$PWD/.venv" $UV pip install -q -e ".[dev]" "$@"
+# --compile-bytecode: environments that set PYTHONDONTWRITEBYTECODE would otherwise recompile torch on
+# every start (seconds per command)
+VIRTUAL_ENV="$PWD/.venv" $UV pip install -q --compile-bytecode -e ".[dev]" "$@"

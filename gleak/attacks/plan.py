@@ -9,7 +9,7 @@ import torch
 from gleak.attacks.base import Attack, AttackResult, attacks_for, get_attack, run_attack
 from gleak.attacks.context import Context
 from gleak.errors import GleakError
-from gleak.metrics.labels import label_scores
+from gleak.metrics.labels import label_scores, soft_label_scores
 
 
 def select_attacks(task: str, names: Sequence[str] | None) -> list[Attack]:
@@ -26,8 +26,10 @@ def select_attacks(task: str, names: Sequence[str] | None) -> list[Attack]:
 
 
 def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: torch.Tensor | None = None,
-                      progress: Callable[[str], None] | None = None) -> list[AttackResult]:
-    """Run each attack; with true per-class counts, score every successful result."""
+                      progress: Callable[[str], None] | None = None,
+                      truth_soft: torch.Tensor | None = None) -> list[AttackResult]:
+    """Run each attack; with true per-class counts (and, for one example, its true soft label) score every
+    successful result."""
     if truth_counts is not None and len(truth_counts) != ctx.num_classes:
         raise GleakError(f"ground truth has {len(truth_counts)} classes, the model {ctx.num_classes}")
     if truth_counts is not None and ctx.total_examples and int(truth_counts.sum()) != ctx.total_examples:
@@ -39,5 +41,7 @@ def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: tor
         result = run_attack(attack, ctx)
         if truth_counts is not None and result.output is not None:
             result.scores = label_scores(result.output.counts, truth_counts)
+            if truth_soft is not None and result.output.soft_label is not None:
+                result.scores.update(soft_label_scores(result.output.soft_label, truth_soft))
         results.append(result)
     return results

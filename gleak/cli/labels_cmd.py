@@ -90,11 +90,45 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
                       f"{s['chance_iacc']:.3f}"]
         table.add_row(*cells)
     console.print(table)
+    soft_rows = [r for r in results if r.output is not None and r.output.soft_label is not None]
+    if soft_rows:
+        render_soft_labels(data, soft_rows)
     for reason, names in reasons.items():
         console.print(f"{', '.join(names)} — {reason}", soft_wrap=True)
     for r in results:
         for w in r.warnings:
             console.print(f"[yellow]⚠ {r.attack}:[/] {w}", soft_wrap=True)
+
+
+def render_soft_labels(data: dict[str, Any], rows: list[AttackResult]) -> None:
+    """Soft labels of one example, one row per class (classes with mass, at most 20), truth first."""
+    truth = data.get("truth_soft_label")
+    vectors = [torch.as_tensor(truth)] if truth is not None else []
+    vectors += [r.output.soft_label for r in rows]
+    mass = torch.stack([v.double().abs() for v in vectors]).max(0).values
+    shown = [c for c in torch.argsort(mass, descending=True).tolist() if mass[c] > 1e-4][:20]
+    table = Table(title="soft label of the example", title_justify="left")
+    table.add_column("class", justify="right")
+    if truth is not None:
+        table.add_column("truth", justify="right")
+    for r in rows:
+        table.add_column(r.attack, justify="right")
+    for c in sorted(shown):
+        table.add_row(str(c), *[f"{float(v[c]):.5f}" for v in vectors])
+    console.print(table)
+    for r in rows:
+        d = r.output.diagnostics
+        if d.get("augmentation") == "smoothing":
+            what = f"label smoothing, class {d['class']}, ε = {d['epsilon']:.5f}"
+        elif d.get("augmentation") == "mixup":
+            what = f"mixup of classes {d['classes'][0]} and {d['classes'][1]}, ratio {d['ratio']:.5f}"
+        else:
+            what = d.get("case", "")
+        line = f"{r.attack}: {what}; search: {d.get('stage', '—')}, loss {d.get('loss', float('nan')):.2e}"
+        if r.scores and "soft_l1" in r.scores:
+            ok = "[green]recovered[/]" if r.scores["soft_success"] else "[red]not recovered[/]"
+            line += f"; L1 to truth {r.scores['soft_l1']:.2e} ({ok})"
+        console.print(line, soft_wrap=True)
 
 
 def _time(seconds: float) -> str:
@@ -117,6 +151,7 @@ def labels(
     focal_alpha: Annotated[float | None, typer.Option(help="Override focal α.")] = None,
     temperature: Annotated[float | None, typer.Option(help="Override the softmax temperature τ.")] = None,
     label_smoothing: Annotated[float | None, typer.Option(help="Override label smoothing ε.")] = None,
+    augmentation: Annotated[str, typer.Option(help="softlabel: auto (try both), smoothing or mixup.")] = "auto",
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here.")] = None,
     arch: ArchOpt = None,
@@ -141,8 +176,17 @@ def labels(
                          seed, batch_size, overrides)
     counts = truth_counts(inputs.truth.labels, inputs.ctx.num_classes) if inputs.truth is not None else None
     progress = (lambda name: err_console.print(f"[dim]running {name}…[/]", end="\r")) if verbose else None
-    results = run_label_attacks(inputs.ctx, chosen, counts, progress)
+    truth_soft = None
+    if inputs.truth is not None and inputs.ctx.total_examples == 1:
+        labels_ = inputs.truth.labels
+        truth_soft = labels_[0].double() if labels_.dim() == 2 else torch.nn.functional.one_hot(
+            labels_[0], inputs.ctx.num_classes).double()
+    for a in chosen:
+        if a.name == "softlabel":
+            a.augmentation = augmentation
+    results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft)
     data = report(inputs, results, counts)
+    data["truth_soft_label"] = truth_soft.tolist() if truth_soft is not None else None
     if output is not None:
         import json
 

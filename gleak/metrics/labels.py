@@ -40,6 +40,15 @@ def label_scores(predicted: torch.Tensor | list[int], truth: torch.Tensor | list
     }
 
 
+SOFT_SUCCESS_L1 = 1e-3
+
+
+def soft_label_scores(predicted: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
+    """Seed 000's L_r = Σ_i |ŷ_i − y_i| and success when it is below 1e−3."""
+    l1 = float((predicted.double() - truth.double()).abs().sum())
+    return {"soft_l1": l1, "soft_success": float(l1 < SOFT_SUCCESS_L1)}
+
+
 def chance_scores(truth_counts: torch.Tensor) -> dict[str, float]:
     """Expected iAcc and cAcc of B uniform random guesses over C classes for this true batch."""
     n = np.asarray(truth_counts, dtype=np.int64)
