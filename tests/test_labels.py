@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gleak.attacks import REGISTRY, build_context, get_attack, run_attack
 from gleak.attacks.labels.counts import logit_grads, round_counts, row_sums
 from gleak.attacks.labels.llg import llg_extract
+from gleak.capture import load_capture as load_capture_fn
 from gleak.capture import save_capture, save_truth, truth_path_for
 from gleak.data import load_dataset
 from gleak.losses import LossSpec, client_loss
@@ -348,3 +349,60 @@ def test_cli_labels_rlu_on_shipped_fedavg_sample(gleak) -> None:
     assert by["rlu"]["status"] == "ok" and sum(by["rlu"]["counts"]) == 320
     assert by["rlu"]["scores"]["iacc"] >= 0.95
     assert "10 local steps" in by["ilrg"]["reason"]
+
+
+# ------------------------------------------------------------------------------------------ issue 5: soft labels
+
+SMOOTHING = FEDSGD.parent / "smoothing_1.safetensors"
+MIXUP = FEDSGD.parent / "mixup_1.safetensors"
+
+
+def test_softlabel_on_shipped_samples(gleak, tmp_path: Path, monkeypatch) -> None:
+    import logging
+
+    monkeypatch.chdir(tmp_path)
+    root_handlers = list(logging.getLogger().handlers)
+    for path, augmentation in ((SMOOTHING, "smoothing"), (MIXUP, "mixup")):
+        r = gleak("labels", path, "--model", LENET, "-a", "softlabel", "--format", "json")
+        assert r.exit_code == 0, r.stderr
+        data = json.loads(r.stdout)
+        result = data["results"][0]
+        assert result["diagnostics"]["augmentation"] == augmentation
+        assert result["scores"]["soft_success"] == 1.0 and result["scores"]["soft_l1"] < 1e-4
+        truth = torch.tensor(data["truth_soft_label"])
+        assert torch.allclose(torch.tensor(result["soft_label"]), truth, atol=1e-4)
+    assert result["diagnostics"]["ratio"] == pytest.approx(float(truth.max()), abs=1e-4)
+    table = gleak("labels", SMOOTHING, "--model", LENET, "-a", "softlabel")
+    assert "ε = 0.30000" in table.stdout and "recovered" in table.stdout
+    assert not (tmp_path / "report.log").exists()  # pyswarms kept from writing its log file
+    assert logging.getLogger().handlers == root_handlers
+
+
+def test_softlabel_recovers_label_and_feature_with_and_without_bias(mnist) -> None:
+    torch.manual_seed(0)
+    for name, kwargs in (("lenet", {"activation": "sigmoid", "init": "uniform"}), ("fcn4", {})):
+        module = build_zoo_model(name, **kwargs).eval()
+        model = LoadedModel(module, "test", name, {}, (1, 28, 28), "", {})
+        for seed, cfg in enumerate((ClientConfig(batch_size=1, loss=LossSpec(label_smoothing=0.17), seed=1),
+                                    ClientConfig(batch_size=1, mixup=True, mixup_ratio=0.35, seed=2))):
+            cap, truth = simulate_client(module, mnist, cfg)
+            ctx = build_context(cap, model, seed=seed)
+            out = run_attack(get_attack("softlabel"), ctx).output
+            assert (out.soft_label - truth.labels[0].double()).abs().sum() < 1e-4, (name, cfg)
+            h, _ = ctx.features_and_logits(truth.inputs)
+            assert torch.allclose(out.diagnostics["feature"], h[0].double(), rtol=1e-3, atol=1e-5)
+    assert ctx.layer.bias is None  # fcn4 is bias-free
+
+
+def test_softlabel_zero_gradient_returns_model_prediction() -> None:
+    model = load_model(LENET)
+    cap = load_capture_fn(SMOOTHING)
+    cap.tensors = {k: torch.zeros_like(v) for k, v in cap.tensors.items()}
+    out = run_attack(get_attack("softlabel"), build_context(cap, model))
+    assert out.status == "ok" and any("zero gradient" in w for w in out.warnings)
+    assert out.output.soft_label.max() == 1.0
+
+
+def test_softlabel_needs_single_sample() -> None:
+    ctx = build_context(load_capture_fn(FEDSGD), load_model(LENET))
+    assert "B = 32" in run_attack(get_attack("softlabel"), ctx).reason
