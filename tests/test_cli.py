@@ -40,6 +40,7 @@ def test_inspect_sample_with_model_json(gleak) -> None:
     assert info["model"]["matches_capture"] is True
     assert info["unknown_metadata"]["gleak.sample.model"].endswith("lenet_untrained.safetensors")
     assert info["truth_file"].endswith("fedsgd_b32.truth.safetensors")
+    assert info["attacks"]["ilrg"] is None and "B = 32" in info["attacks"]["idlg"]
 
 
 def test_inspect_table_shows_layer_and_metadata(gleak) -> None:
@@ -47,6 +48,7 @@ def test_inspect_table_shows_layer_and_metadata(gleak) -> None:
     assert r.exit_code == 0, r.stderr
     for text in ("update", "fc3.weight", "[10, 84]", "gleak.local_steps", "traced a forward pass", "unknown"):
         assert text in r.stdout, text
+    assert "rlu" in r.stdout and "applies" in r.stdout and "10 local steps" in r.stdout
 
 
 def test_inspect_without_model_guesses_from_tensor_names(gleak) -> None:

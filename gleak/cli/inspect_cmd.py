@@ -26,6 +26,19 @@ from gleak.errors import GleakError
 from gleak.models import find_last_layer, guess_last_layer, load_model
 
 
+def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None) -> dict[str, str | None]:
+    """Each registered attack -> None when it can run here, else the reason (auxiliary data assumed given)."""
+    from gleak.attacks import REGISTRY, build_context
+    from gleak.data import Dataset
+
+    ctx = build_context(capture, loaded, fc_layer=fc_layer)
+    if ctx.input_shape is not None:  # assume the user will pass --aux: a placeholder with the right shape
+        import torch
+
+        ctx.aux = Dataset(torch.zeros(1, *ctx.input_shape), torch.zeros(1, dtype=torch.long), (0.0,), (1.0,))
+    return {name: cls().not_applicable(ctx) for name, cls in REGISTRY.items()}
+
+
 def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch_kwargs: str | None,
              trust_pickle: bool, fc_layer: str | None) -> dict[str, Any]:
     """Everything `inspect` shows, as plain data (the JSON output)."""
@@ -57,6 +70,7 @@ def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch
                          "matches_capture": None if recorded is None else recorded == loaded.weights_sha256}
         shape = capture.input_shape or loaded.input_shape
         layer = find_last_layer(loaded.module, capture.tensors, input_shape=shape, override=fc_layer)
+        info["attacks"] = applicable_attacks(capture, loaded, fc_layer)
     info["last_layer"] = {
         "name": layer.name, "weight_key": layer.weight_key, "bias_key": layer.bias_key,
         "weight_shape": [layer.num_classes, layer.feature_dim], "has_bias": layer.bias_key is not None,
@@ -106,6 +120,14 @@ def _render(info: dict[str, Any], verbose: bool) -> None:
     if info["unknown_metadata"] and not verbose:
         meta.caption = f"{len(info['unknown_metadata'])} unknown key(s) kept as is (last rows); -v explains each key"
     console.print(meta)
+
+    if info.get("attacks"):
+        attacks = Table(title="Attacks (with --aux where needed)", title_justify="left", show_header=False)
+        attacks.add_column(style="bold")
+        attacks.add_column()
+        for name, reason in info["attacks"].items():
+            attacks.add_row(name, "[green]applies[/]" if reason is None else f"[dim]not applicable: {reason}[/]")
+        console.print(attacks)
 
     if verbose:
         tensors = Table(title="Tensors", title_justify="left")
