@@ -61,6 +61,8 @@ def run(label: str, model: LoadedModel, data: Dataset, kind: str, n: int, noise:
         seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     attack = get_attack("softlabel")
+    if noise is not None:
+        attack.augmentation = kind  # as the paper's Table 5: the augmentation is known, only λ is searched
     ok, l1s, times, stages, oracle = 0, [], [], [], 0
     for k in range(n):
         x, y = sample(data, kind, rng)

@@ -234,7 +234,9 @@ def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0) -> li
         for kind, f in fs.items():
             ps, ploss, pstage, _ = pso_search(f, kind, seed, extended)
             ps, ploss, exact = confirm(f, ps, ploss, EXTENDED_BOUND if extended else BOUND)
-            if exact or ploss < results[kind].loss:
+            # beyond the reference's range only an exact zero counts: there L(s) creeps down as the softmax
+            # saturates, so with noisy gradients the far-out region would always win a "lowest loss" contest
+            if exact or (extended is None and ploss < results[kind].loss):
                 results[kind] = Search(kind, ps, ploss, pstage, exact)
             if exact:
                 return list(results.values())
