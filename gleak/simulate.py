@@ -2,7 +2,9 @@
 
 Batches follow the papers' protocols: every local step draws a fresh batch (RLU §3, seed 004); batch
 labels are ``uniform`` (each label uniform over the classes present), ``unique`` (B distinct classes),
-``unbalanced`` (LLG §5.1: 50 % one class, 25 % a second, 25 % uniform) or ``explicit``. Mixup mixes each
+``unbalanced`` (LLG §5.1: 50 % one class, 25 % a second, 25 % uniform), ``dirichlet`` (RLU §4 / App. B.5:
+the client is one of 10 whose per-class shares are Dir(α), so its class weights are Beta(α, 9α) draws and
+its labels are drawn i.i.d. from them, the same weights for all its local steps) or ``explicit``. Mixup mixes each
 example with one of a different class, x = r·x_a + (1 − r)·x_b and y = r·e_a + (1 − r)·e_b, with r fixed
 or drawn from U(0, 1) (seed 000 §5). The same seed gives bit-for-bit the same capture on the same machine.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -22,7 +25,8 @@ from gleak.losses import LossSpec, client_loss, soft_targets
 
 SCHEMES = ("fedsgd", "fedavg", "fedprox")
 OPTIMIZERS = ("sgd", "sgdm", "nag", "adam")
-COMPOSITIONS = ("uniform", "unique", "unbalanced", "explicit")
+COMPOSITIONS = ("uniform", "unique", "unbalanced", "dirichlet", "explicit")
+DIRICHLET_CLIENTS = 10
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class ClientConfig:
     mixup_ratio: float | None = None
     composition: str = "uniform"
     labels: tuple[int, ...] | None = None
+    dirichlet_alpha: float = 0.5
     train_mode: bool = True
     seed: int = 0
 
@@ -60,6 +65,8 @@ class ClientConfig:
             raise GleakError("FedProx needs a proximal weight --mu > 0")
         if self.learning_rate <= 0:
             raise GleakError("learning rate must be > 0")
+        if self.dirichlet_alpha <= 0:
+            raise GleakError(f"the Dirichlet concentration must be > 0, got {self.dirichlet_alpha}")
         if self.mixup_ratio is not None and not 0 <= self.mixup_ratio <= 1:
             raise GleakError(f"mixup ratio must be in [0, 1], got {self.mixup_ratio}")
         if self.composition == "explicit":
@@ -95,6 +102,13 @@ class _Sampler:
         if config.composition == "unique" and config.batch_size > len(self.present):
             raise GleakError(f"a unique-label batch of {config.batch_size} needs that many classes; "
                              f"the data has {len(self.present)}")
+        if config.composition == "dirichlet":
+            rng = np.random.default_rng(config.seed)
+            a = config.dirichlet_alpha
+            g1 = rng.gamma(a, size=len(self.present))
+            g2 = rng.gamma((DIRICHLET_CLIENTS - 1) * a, size=len(self.present))
+            weights = g1 / (g1 + g2)
+            self.class_weights = torch.from_numpy(weights / weights.sum())
         if config.composition == "explicit":
             missing = sorted({c for c in config.labels or () if c not in self.by_class})
             if missing:
@@ -107,6 +121,9 @@ class _Sampler:
         cfg, b = self.config, self.config.batch_size
         if cfg.composition == "uniform":
             return self._choice(b, self.present)
+        if cfg.composition == "dirichlet":
+            picks = torch.multinomial(self.class_weights, b, replacement=True, generator=self.gen)
+            return self.present[picks]
         if cfg.composition == "unique":
             return self.present[torch.randperm(len(self.present), generator=self.gen)[:b]]
         if cfg.composition == "unbalanced":
@@ -161,7 +178,8 @@ def _metadata(cfg: ClientConfig, data: Dataset, num_classes: int) -> dict:
         "gleak.fl.scheme": cfg.scheme, "gleak.num_classes": num_classes,
         "gleak.input_shape": list(data.input_shape), "gleak.data.mean": list(data.mean),
         "gleak.data.std": list(data.std), "gleak.model.train_mode": cfg.train_mode,
-        "gleak.batch.composition": cfg.composition, "gleak.seed": cfg.seed,
+        "gleak.batch.composition": (f"dirichlet({cfg.dirichlet_alpha:g})" if cfg.composition == "dirichlet"
+                                    else cfg.composition), "gleak.seed": cfg.seed,
         "gleak.mixup": {"ratio": cfg.mixup_ratio} if cfg.mixup else None,
         **cfg.loss.metadata(),
     }

@@ -67,7 +67,8 @@ def simulate(
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing ε.")] = 0.0,
     mixup: Annotated[bool, typer.Option("--mixup", help="Mix each example with one of another class.")] = False,
     mixup_ratio: Annotated[float | None, typer.Option(help="Fixed mixup ratio r; default U(0, 1) per pair.")] = None,
-    composition: Annotated[str, typer.Option(help="uniform, unique, unbalanced or explicit.")] = "uniform",
+    composition: Annotated[str, typer.Option(help="uniform, unique, unbalanced, dirichlet or explicit.")] = "uniform",
+    dirichlet_alpha: Annotated[float, typer.Option(help="Concentration α for --composition dirichlet.")] = 0.5,
     labels: Annotated[str | None, typer.Option(help="Explicit labels, e.g. '3,3,7' (B or m·B of them).")] = None,
     train_mode: Annotated[bool, typer.Option("--train-mode/--eval-mode",
                                              help="Model mode during the step (BatchNorm, Dropout).")] = True,
@@ -87,7 +88,7 @@ def simulate(
         loss=LossSpec(loss, reduction, temperature, label_smoothing, focal_gamma, focal_alpha),
         mixup=mixup, mixup_ratio=mixup_ratio,
         composition="explicit" if label_list and composition == "uniform" else composition,
-        labels=label_list, train_mode=train_mode, seed=seed,
+        labels=label_list, dirichlet_alpha=dirichlet_alpha, train_mode=train_mode, seed=seed,
     )
     truth_path = truth_path_for(output)
     check_writable(output, force)

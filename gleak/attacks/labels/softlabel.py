@@ -46,6 +46,9 @@ PSO_PARTICLES, PSO_ITERS = 500, 40
 # gleak's extension past the reference's reach (|s| < 70): trained models put λ there (seed 000 App. B.2)
 EXTENDED_INTERVALS = [(69.7, 200.0), (-200.3, -70.0), (199.7, 1000.0), (-1000.3, -200.0)]
 EXTENDED_BOUND = 1000.0
+# the reference's `pso_noise` (its DP experiment): fewer particles, near intervals, global minimum, no threshold
+NOISE_INTERVALS = [(0.7, 5.0), (-5.3, -1.0), (4.7, 10.0), (-10.3, -5.0)]
+NOISE_PARTICLES, NOISE_ITERS = 200, 30
 
 
 @dataclass
@@ -157,17 +160,18 @@ def pso_intervals(inter_bound: float, upper: float = 70.0) -> list[tuple[float, 
     return out
 
 
-def pso_search(f: PseudoLabel, augmentation: str, seed: int,
-               intervals: list[tuple[float, float]] | None = None) -> tuple[float, float, str, bool]:
+def pso_search(f: PseudoLabel, augmentation: str, seed: int, intervals: list[tuple[float, float]] | None = None,
+               particles: int = PSO_PARTICLES, iters: int = PSO_ITERS,
+               label: str = "pso") -> tuple[float, float, str, bool]:
     """Particle swarms over the widening intervals; the first swarm below the threshold wins."""
     best = (float("nan"), float("inf"), "pso: no interval", False)
-    extended = intervals is not None
+    extended = intervals is not None and label == "pso"
     bound = EXTENDED_BOUND if extended else BOUND
     for k, (low, high) in enumerate(intervals or pso_intervals(PSO_INTERVAL_BOUND[augmentation])):
         with _quiet_pyswarms(seed + k):
             from pyswarms.single import GlobalBestPSO
 
-            opt = GlobalBestPSO(n_particles=PSO_PARTICLES, dimensions=1, options={"c1": 0.5, "c2": 0.5, "w": 0.8},
+            opt = GlobalBestPSO(n_particles=particles, dimensions=1, options={"c1": 0.5, "c2": 0.5, "w": 0.8},
                                 bounds=(np.array([low]), np.array([high])), bh_strategy="nearest")
 
             def objective(positions: np.ndarray) -> np.ndarray:
@@ -175,8 +179,8 @@ def pso_search(f: PseudoLabel, augmentation: str, seed: int,
                     values = f.loss(torch.from_numpy(positions[:, 0]))
                 return torch.nan_to_num(values, nan=1e30, posinf=1e30).numpy()
 
-            cost, pos = opt.optimize(objective, iters=PSO_ITERS, verbose=False)
-        name = f"pso{' extended' if extended else ''} [{low:g}, {high:g}]"
+            cost, pos = opt.optimize(objective, iters=iters, verbose=False)
+        name = f"{label}{' extended' if extended else ''} [{low:g}, {high:g}]"
         if cost < THRESHOLD and confirm(f, float(pos[0]), float(cost), bound)[2]:
             return float(pos[0]), float(cost), name, True
         if cost < best[1]:
@@ -220,9 +224,8 @@ def confirm(f: PseudoLabel, s: float, loss: float, bound: float = BOUND) -> tupl
 
 
 def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0) -> list[Search]:
-    """L-BFGS for every objective first (cheap), then swarms for each objective only if none was exact.
-
-    Order: smoothing before mixup, because a smoothing label also satisfies the weaker mixup objective."""
+    """L-BFGS for every objective first (cheap), then swarms for each objective only if none was exact, then
+    (noisy gradients) the reference's pso_noise global minimum. ``fs`` is in search order."""
     results: dict[str, Search] = {}
     for kind, f in fs.items():
         s, loss, stage = lbfgs_search(f, first_sign)
@@ -240,7 +243,22 @@ def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0) -> li
                 results[kind] = Search(kind, ps, ploss, pstage, exact)
             if exact:
                 return list(results.values())
+    # nothing exact (noisy gradients): as the reference's pso_noise, the global minimum over the near intervals
+    for kind, f in fs.items():
+        ps, ploss, pstage, _ = pso_search(f, kind, seed, NOISE_INTERVALS, NOISE_PARTICLES, NOISE_ITERS, "pso_noise")
+        results[kind] = Search(kind, ps, ploss, pstage + " (global minimum)", False)
     return list(results.values())
+
+
+def probe_prefers_mixup(fs: dict[str, PseudoLabel]) -> bool:
+    """Order the two searches: one batched evaluation of both losses on a grid of λ; search first the objective
+    whose grid minimum is clearly lower. (A smoothing label also zeroes the mixup loss, so only a clear gap
+    points to mixup; the searches themselves are unchanged.)"""
+    grid = torch.logspace(-1, 2.5, 400, dtype=torch.float64)
+    lam = torch.cat([-grid, grid])
+    with torch.no_grad():
+        best = {k: float(torch.nan_to_num(f.loss(lam * COEFFICIENT[k]), nan=1e30).min()) for k, f in fs.items()}
+    return best["mixup"] < 1e-3 * best["smoothing"]
 
 
 def describe(label: torch.Tensor, augmentation: str) -> dict:
@@ -289,6 +307,8 @@ class SoftLabel(Attack):
         # With non-negative features x = λ·∇W[r] forces sign(λ) = sign(g_r): search that side first.
         first = 1.0 if float(g[row]) > 0 else -1.0
         fs = {kind: PseudoLabel(grad, weight, bias, row, kind) for kind in kinds}
+        if len(fs) == 2 and probe_prefers_mixup(fs):
+            fs = {"mixup": fs["mixup"], "smoothing": fs["smoothing"]}
         results = search(fs, ctx.seed, first)
         exact = [r for r in results if r.exact]
         chosen = exact[0] if exact else min(results, key=lambda r: r.loss)
