@@ -34,6 +34,12 @@ from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
 def model_for(name: str, shape: tuple[int, int, int]) -> LoadedModel:
     if name.endswith(".safetensors"):
         return load_model(ROOT / name)
+    if name == "resnet18":  # seed 000 Table 5's model: untrained torchvision ResNet-18 (kaiming init), 10 classes
+        from gleak.models import build_arch
+
+        torch.manual_seed(0)
+        return LoadedModel(build_arch("torchvision:resnet18", {"num_classes": 10}).eval(), "bench",
+                           "torchvision:resnet18", {}, shape, "", {})
     act, init = {"sigmoid": ("sigmoid", "uniform"), "relu": ("relu", "default")}[name]
     torch.manual_seed(0)
     module = build_zoo_model("lenet", activation=act, init=init, in_channels=shape[0], image_size=shape[1]).eval()
@@ -125,11 +131,13 @@ def main() -> None:
             for kind in ("smoothing", "mixup"):
                 rows.append(run(f"CIFAR-10, untrained LeNet-5 {model_name}, {kind}", model, cifar, kind, args.samples))
     if args.only in (None, "noise"):
-        model = model_for("sigmoid", (1, 28, 28))
-        for dist in ("gaussian", "laplace"):
-            for var in (1e-4, 1e-3, 1e-2, 1e-1):
-                noise_rows.append(run(f"MNIST sigmoid, smoothing, {dist} var {var:g}", model, mnist, "smoothing",
-                                      args.noise_samples, (dist, var)))
+        for model_name, data, shape, title in (("resnet18", cifar, (3, 32, 32), "CIFAR-10 ResNet-18"),
+                                               ("sigmoid", mnist, (1, 28, 28), "MNIST LeNet-5 sigmoid")):
+            model = model_for(model_name, shape)
+            for dist in ("gaussian", "laplace"):
+                for var in (1e-4, 1e-3, 1e-2, 1e-1):
+                    noise_rows.append(run(f"{title}, smoothing, {dist} var {var:g}", model, data, "smoothing",
+                                          args.noise_samples, (dist, var)))
     lines = ["# Soft-label benchmark (`softlabel`, seed 000)", "",
              f"{args.samples} samples per setting ({args.noise_samples} with noise); success = ‖ŷ − y‖₁ < 1e−3; "
              "L_r = mean ‖ŷ − y‖₁ over successes; time per sample on 2 CPU cores.", ""]

@@ -66,6 +66,10 @@ def test_compositions(lenet, mnist) -> None:
     _, truth = simulate_client(lenet, mnist, ClientConfig(batch_size=6, composition="explicit", labels=labels))
     assert truth.labels.tolist() == list(labels)
     assert cap.get("gleak.batch.composition") == "unique"
+    cap, truth = simulate_client(lenet, mnist, ClientConfig(batch_size=64, composition="dirichlet",
+                                                            dirichlet_alpha=0.1, seed=3))
+    share = torch.bincount(truth.labels, minlength=10).sort(descending=True).values[:2].sum() / 64
+    assert share >= 0.7 and cap.get("gleak.batch.composition") == "dirichlet(0.1)"  # α = 0.1: few classes
 
 
 def test_label_smoothing_truth_and_bias_gradient(lenet, mnist) -> None:
