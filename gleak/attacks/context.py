@@ -87,11 +87,15 @@ class Context:
         return out
 
     # ------------------------------------------------------------------------------- model forwards
-    def features_and_logits(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Last-layer inputs h [N, d] and logits z [N, C] (eval mode, no grad, chunked), on the CPU."""
+    def features_and_logits(self, inputs: torch.Tensor,
+                            model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Last-layer inputs h [N, d] and logits z [N, C] (eval mode, no grad, chunked), on the CPU.
+
+        ``model`` defaults to the global model; another module of the same architecture (RLU's end model) works."""
         if self.model is None or self.no_forward_reason:
             raise GleakError(self.no_forward_reason or "needs the model (--model)")
-        module = self.model.get_submodule(self.layer.name)
+        model = model if model is not None else self.model
+        module = model.get_submodule(self.layer.name)
         feats: list[torch.Tensor] = []
         logits: list[torch.Tensor] = []
 
@@ -102,7 +106,7 @@ class Context:
         try:
             with torch.no_grad():
                 for start in range(0, len(inputs), CHUNK):
-                    logits.append(self.model(inputs[start:start + CHUNK].to(self.device)).detach().cpu())
+                    logits.append(model(inputs[start:start + CHUNK].to(self.device)).detach().cpu())
         finally:
             handle.remove()
         return torch.cat(feats), torch.cat(logits)
@@ -116,6 +120,17 @@ class Context:
             h, z = self.features_and_logits(inputs)
             self._cache["aux"] = (h, z, labels)
         return self._cache["aux"]
+
+    def predicted_class(self) -> int | None:
+        """The model's prediction when a zero gradient says it already outputs the label with probability 1
+        (seed 000 App. B.3): its most frequent class on the auxiliary data, else on a blank input."""
+        if self.model is None or self.no_forward_reason:
+            return None
+        if self.aux is not None:
+            logits = self.aux_forward()[1]
+        else:
+            logits = self.features_and_logits(self.dummy_inputs(1, "zeros", torch.Generator()))[1]
+        return int(torch.bincount(logits.argmax(1), minlength=self.num_classes).argmax())
 
     def dummy_inputs(self, n: int, kind: str, gen: torch.Generator) -> torch.Tensor:
         """Dummy images (LLG*): 'zeros', 'ones' or 'random' U(0, 1) pixels, normalised like the data."""

@@ -34,8 +34,7 @@ def open_inputs(capture: Path, model: Path | None, arch: str | None, arch_kwargs
     loss = LossSpec.from_metadata(cap.meta)
     overrides = {k: v for k, v in (loss_overrides or {}).items() if v is not None}
     if overrides:
-        loss = replace(loss, **overrides)
-        loss.__post_init__()
+        loss = replace(loss, **overrides)  # validates through LossSpec.__post_init__
     ctx = build_context(cap, loaded, aux_data, resolve_device(device), seed, fc_layer, batch_size, loss)
     truth_file = None if no_truth else (truth or (truth_path_for(capture) if truth_path_for(capture).exists()
                                                   else None))

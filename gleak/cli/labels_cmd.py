@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -188,8 +189,6 @@ def labels(
     data = report(inputs, results, counts)
     data["truth_soft_label"] = truth_soft.tolist() if truth_soft is not None else None
     if output is not None:
-        import json
-
         write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)
     if format == "json":
         print_json(data)

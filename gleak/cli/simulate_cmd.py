@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 
 from gleak.capture import save_capture, save_truth, truth_path_for
@@ -26,6 +25,7 @@ from gleak.data import load_dataset
 from gleak.errors import GleakError
 from gleak.io import check_writable
 from gleak.losses import LossSpec
+from gleak.metrics.labels import truth_counts
 from gleak.models import load_model
 from gleak.simulate import ClientConfig, simulate_client
 
@@ -104,8 +104,7 @@ def simulate(
     if not no_truth:
         save_truth(truth, truth_path, capture_path=output, force=force)
     if not quiet:
-        hard = truth.hard_labels()
-        counts = torch.bincount(hard, minlength=capture.num_classes or 0)
+        counts = truth_counts(truth.labels, capture.num_classes or 0)
         shown = ", ".join(f"{c}×{int(n)}" for c, n in enumerate(counts.tolist()) if n)
         console.print(f"[bold]{capture.kind}[/] of {config.local_steps} step(s) × B = {config.batch_size} "
                       f"({config.scheme}, {config.optimizer}, lr {config.learning_rate:g})")

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 from scipy.stats import binom
@@ -67,8 +65,3 @@ def truth_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Per-class counts of true labels; soft labels [N, C] count by their argmax (the dominant class)."""
     hard = labels.argmax(dim=1) if labels.dim() == 2 else labels
     return torch.bincount(hard.long(), minlength=num_classes)
-
-
-def summarize(rows: list[dict[str, Any]], key: str) -> tuple[float, float]:
-    values = np.array([r[key] for r in rows], dtype=np.float64)
-    return float(values.mean()), float(values.std())

@@ -56,6 +56,12 @@ def _check_init(init: Any) -> str:
     return init
 
 
+def _image_model_args(num_classes: Any, in_channels: Any, image_size: Any, init: Any) -> tuple[int, int, int, str]:
+    """Validate the arguments every convolutional zoo model shares."""
+    return (_positive_int(num_classes, "num_classes"), _positive_int(in_channels, "in_channels"),
+            _positive_int(image_size, "image_size"), _check_init(init))
+
+
 def uniform_init_(module: nn.Module, bound: float = 0.5) -> nn.Module:
     """Draw every parameter from U(-bound, bound), as the original DLG/iDLG code does."""
     with torch.no_grad():
@@ -79,10 +85,7 @@ class LeNet5(nn.Module):
         init: str = "default",
     ) -> None:
         super().__init__()
-        num_classes = _positive_int(num_classes, "num_classes")
-        in_channels = _positive_int(in_channels, "in_channels")
-        image_size = _positive_int(image_size, "image_size")
-        init = _check_init(init)
+        num_classes, in_channels, image_size, init = _image_model_args(num_classes, in_channels, image_size, init)
         padding = 2 if image_size == 28 else 0
         side = ((image_size + 2 * padding - 4) // 2 - 4) // 2
         if side < 1:
@@ -123,10 +126,7 @@ class IDLGConvNet(nn.Module):
         init: str = "uniform",
     ) -> None:
         super().__init__()
-        num_classes = _positive_int(num_classes, "num_classes")
-        in_channels = _positive_int(in_channels, "in_channels")
-        image_size = _positive_int(image_size, "image_size")
-        init = _check_init(init)
+        num_classes, in_channels, image_size, init = _image_model_args(num_classes, in_channels, image_size, init)
         side = math.ceil(math.ceil(image_size / 2) / 2)
         self.body = nn.Sequential(
             nn.Conv2d(in_channels, 12, kernel_size=5, stride=2, padding=2),

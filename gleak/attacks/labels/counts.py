@@ -5,12 +5,11 @@
 * :func:`logit_grads` — per-example ∂ℓ_n/∂z_n for the capture's loss (CE, focal, BCE; τ, ε), so that attacks
   can form last-layer gradients of any simulated batch without a backward pass through the model:
   ∇W = Σ_n w_n (∂ℓ_n/∂z_n) h_nᵀ and ∇b = Σ_n w_n ∂ℓ_n/∂z_n, with w_n = 1/B for mean reduction.
-* :func:`softmax_stats` — per-class positive/negative posteriors and logit means/covariances on labelled data.
+* :func:`class_posteriors`, :func:`class_logit_stats` — per-class posteriors and logit means/covariances on
+  labelled (auxiliary) data, for the posterior attack and RLU.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -75,35 +74,29 @@ def batch_row_sums(dz: torch.Tensor, feature_sums: torch.Tensor, batch_index: to
     return out * weight
 
 
-@dataclass(frozen=True)
-class SoftmaxStats:
-    """Per-class statistics of the model on labelled (auxiliary) data, temperature applied."""
-
-    positive: torch.Tensor  # p̂_j⁺ = mean over examples of class j of softmax(z/τ)_j        [C]
-    negative: torch.Tensor  # p̂_j⁻ = mean over examples not of class j of softmax(z/τ)_j    [C]
-    mean_prob: torch.Tensor  # mean softmax vector over all examples                          [C]
-    logit_mean: torch.Tensor  # per-class mean logit vector μ_c                               [C, C]
-    logit_cov: torch.Tensor  # per-class logit covariance Σ_c                                 [C, C, C]
-    present: torch.Tensor  # classes with at least one example                                [C] bool
-    feature_sum_mean: float  # Ō = mean over examples of Σ_k h_k
-
-
-def softmax_stats(logits: torch.Tensor, labels: torch.Tensor, feature_sums: torch.Tensor, num_classes: int,
-                  temperature: float = 1.0) -> SoftmaxStats:
-    z = logits.double()
-    p = torch.softmax(z / temperature, dim=1)
+def class_posteriors(probs: torch.Tensor, labels: torch.Tensor,
+                     num_classes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """p̂_j⁺ (mean prob of class j over examples of class j), p̂_j⁻ (over the others), and the class counts."""
+    p = probs.double()
     onehot = torch.nn.functional.one_hot(labels, num_classes).bool()
-    count_pos = onehot.sum(0)
-    count_neg = len(labels) - count_pos
-    positive = torch.where(onehot, p, 0).sum(0) / count_pos.clamp_min(1)
-    negative = torch.where(~onehot, p, 0).sum(0) / count_neg.clamp_min(1)
-    means = torch.zeros(num_classes, num_classes, dtype=torch.float64)
-    covs = torch.zeros(num_classes, num_classes, num_classes, dtype=torch.float64)
-    for c in range(num_classes):
-        zc = z[labels == c]
-        if len(zc):
-            means[c] = zc.mean(0)
-        if len(zc) > 1:
-            covs[c] = torch.cov(zc.T)
-    return SoftmaxStats(positive, negative, p.mean(0), means, covs, count_pos > 0,
-                        float(feature_sums.double().mean()))
+    n_pos = onehot.sum(0)
+    positive = torch.where(onehot, p, 0).sum(0) / n_pos.clamp_min(1)
+    negative = torch.where(~onehot, p, 0).sum(0) / (len(labels) - n_pos).clamp_min(1)
+    return positive, negative, n_pos
+
+
+def class_logit_stats(logits: torch.Tensor, labels: torch.Tensor,
+                      num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class logit means μ [C, C] and covariances Σ [C, C, C] (RLU Assumption 3.1); classes without
+    examples get the overall mean and covariance."""
+    z = logits.double()
+    C = num_classes
+    mean = torch.empty(C, C, dtype=torch.float64)
+    cov = torch.empty(C, C, C, dtype=torch.float64)
+    overall_mean = z.mean(0)
+    overall_cov = torch.cov(z.T) if len(z) > 1 else torch.zeros(C, C, dtype=torch.float64)
+    for n in range(C):
+        zn = z[labels == n]
+        mean[n] = zn.mean(0) if len(zn) else overall_mean
+        cov[n] = torch.cov(zn.T) if len(zn) > 1 else overall_cov
+    return mean, cov

@@ -33,7 +33,7 @@ class IDLG(Attack):
         warnings: list[str] = []
         scale = float(g.abs().max())
         if scale <= ZERO:
-            label = self._model_prediction(ctx)
+            label = ctx.predicted_class()
             diagnostics["case"] = "zero gradient"
             if label is None:
                 warnings.append("zero gradient and no model to ask: the label cannot be recovered")
@@ -51,13 +51,3 @@ class IDLG(Attack):
                                 "equal sums (a confidently wrong one-hot prediction); either may be the label")
         counts[label] = 1
         return LabelOutput(counts, diagnostics=diagnostics, warnings=warnings)
-
-    @staticmethod
-    def _model_prediction(ctx: Context) -> int | None:
-        if ctx.model is None or ctx.no_forward_reason:
-            return None
-        if ctx.aux is not None:
-            logits = ctx.aux_forward()[1]
-        else:
-            logits = ctx.features_and_logits(ctx.dummy_inputs(1, "zeros", torch.Generator()))[1]
-        return int(torch.bincount(logits.argmax(1), minlength=ctx.num_classes).argmax())

@@ -7,7 +7,7 @@ import torch
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
-from gleak.attacks.labels.counts import round_counts
+from gleak.attacks.labels.counts import class_posteriors, round_counts
 
 P_MAX = 1 - 1e-7
 DEN_MIN = 1e-9
@@ -46,10 +46,7 @@ class Posterior(Attack):
         _, z, y = ctx.aux_forward()
         zz = z.double() / loss.temperature
         p = torch.sigmoid(zz) if loss.name == "bce" else torch.softmax(zz, dim=1)
-        onehot = torch.nn.functional.one_hot(y, C).bool()
-        n_pos, n_neg = onehot.sum(0), (~onehot).sum(0)
-        p_pos = torch.where(onehot, p, 0).sum(0) / n_pos.clamp_min(1)
-        p_neg = torch.where(~onehot, p, 0).sum(0) / n_neg.clamp_min(1)
+        p_pos, p_neg, n_pos = class_posteriors(p, y, C)
         warnings = []
         missing = (n_pos == 0).nonzero().flatten().tolist()
         if missing:

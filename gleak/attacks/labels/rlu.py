@@ -32,8 +32,7 @@ from scipy.optimize import minimize
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
-from gleak.attacks.labels.counts import round_counts
-from gleak.errors import GleakError
+from gleak.attacks.labels.counts import class_logit_stats, round_counts
 
 MC_SAMPLES = 2000
 SEARCH_ITERATIONS = 5  # T in the main text
@@ -159,7 +158,7 @@ class RLU(Attack):
         if ctx.loss.reduction == "sum":
             u = u / B
         _, z_start, y = ctx.aux_forward()
-        start = _stats(z_start, y, C)
+        start = class_logit_stats(z_start, y, C)
         mc = _Confidences(start[1], gen, MC_SAMPLES)
         A = coefficient_matrix(mc(start[0]))
         diagnostics: dict = {"rho_sum": float(rho.sum()), "mc_samples": MC_SAMPLES}
@@ -167,8 +166,8 @@ class RLU(Attack):
             z = simplex_least_squares(A, u)
             counts = round_counts(z * B, B)
         else:
-            z_end = _logits(ctx, _end_model(ctx), ctx.aux)
-            end = _stats(z_end, y, C)
+            z_end = ctx.features_and_logits(ctx.aux.batch(range(len(ctx.aux)))[0], model=_end_model(ctx))[1]
+            end = class_logit_stats(z_end, y, C)
             A_end = coefficient_matrix(_Confidences(end[1], gen, MC_SAMPLES)(end[0]))
             z = simplex_least_squares((A + A_end) / 2, u)
             counts = round_counts(z * m * B, m * B)
@@ -227,19 +226,6 @@ class RLU(Attack):
         return counts, moves
 
 
-def _stats(logits: torch.Tensor, labels: torch.Tensor, C: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-class logit means μ [C, C] and covariances Σ [C, C, C]; classes without examples get the overall ones."""
-    z = logits.double()
-    mean = torch.empty(C, C, dtype=torch.float64)
-    cov = torch.empty(C, C, C, dtype=torch.float64)
-    overall_mean, overall_cov = z.mean(0), torch.cov(z.T) if len(z) > 1 else torch.zeros(C, C, dtype=torch.float64)
-    for n in range(C):
-        zn = z[labels == n]
-        mean[n] = zn.mean(0) if len(zn) else overall_mean
-        cov[n] = torch.cov(zn.T) if len(zn) > 1 else overall_cov
-    return mean, cov
-
-
 def _end_model(ctx: Context) -> torch.nn.Module:
     """θ_end = θ_global + Δθ (parameters and any buffers the capture carries)."""
     model = copy.deepcopy(ctx.model)
@@ -249,11 +235,3 @@ def _end_model(ctx: Context) -> torch.nn.Module:
             if name in state and state[name].dtype.is_floating_point:
                 state[name].add_(delta.to(state[name].device, state[name].dtype))
     return model.eval()
-
-
-def _logits(ctx: Context, model: torch.nn.Module, data: object) -> torch.Tensor:
-    if data is None:
-        raise GleakError("needs auxiliary labelled data (--aux)")
-    inputs, _ = data.batch(range(len(data)))
-    with torch.no_grad():
-        return torch.cat([model(inputs[i:i + 1024].to(ctx.device)).cpu() for i in range(0, len(inputs), 1024)])

@@ -289,9 +289,7 @@ class SoftLabel(Attack):
         C = ctx.num_classes
         warnings: list[str] = []
         if float(g.abs().max()) == 0.0:
-            from gleak.attacks.labels.idlg import IDLG
-
-            label = IDLG._model_prediction(ctx)
+            label = ctx.predicted_class()
             if label is None:
                 raise GleakError("zero gradient and no model forward: the label cannot be recovered")
             soft = torch.nn.functional.one_hot(torch.tensor(label), C).double()
