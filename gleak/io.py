@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -115,3 +117,21 @@ def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.T
     """Atomic, reproducible safetensors write; refuses to overwrite without ``force``."""
     data = safetensors_bytes(tensors, metadata)
     return write_bytes_atomic(path, data, force=force)
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Rebuilds numpy arrays (inside dicts, lists, tuples) and nothing else: any other global is refused."""
+
+    ALLOWED: frozenset[tuple[str, str]] = frozenset({
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype")})
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only numpy arrays are allowed")
+        return super().find_class(module, name)
+
+
+def load_numpy_pickle(file: BinaryIO, encoding: str = "ASCII") -> object:
+    """Read a pickle that holds only numpy arrays in plain containers, without running any code in it."""
+    return _NumpyOnlyUnpickler(file, encoding=encoding).load()

@@ -13,7 +13,6 @@ import gzip
 import importlib.util
 import json
 import os
-import pickle
 import re
 import shutil
 import sys
@@ -26,6 +25,7 @@ from PIL import Image
 
 from gleak.capture import save_capture, save_truth, truth_path_for
 from gleak.data import Dataset, save_dataset
+from gleak.io import load_numpy_pickle
 from gleak.losses import LossSpec
 from gleak.models import build_zoo_model, save_model, zoo_input_shape
 from gleak.simulate import ClientConfig, simulate_client
@@ -37,19 +37,6 @@ CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
 MNIST_CLASSES = [str(d) for d in range(10)]
 CLIENT_SIZE = 3000  # from the MNIST test split
 AUX_PER_CLASS = 200  # from the MNIST validation split
-
-
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Rebuilds numpy arrays and nothing else: any other global in the pickle is refused."""
-
-    ALLOWED: frozenset[tuple[str, str]] = frozenset({
-               ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype")})
-
-    def find_class(self, module: str, name: str) -> object:
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from the MNIST pickle")
-        return super().find_class(module, name)
 
 
 def package_file(package: str, relative: str) -> Path:
@@ -64,7 +51,7 @@ def package_file(package: str, relative: str) -> Path:
 
 def load_mnist() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     with gzip.open(package_file("mnist", "data/mnist.pkl.gz"), "rb") as f:
-        splits = _NumpyOnlyUnpickler(f, encoding="latin1").load()
+        splits = load_numpy_pickle(f, encoding="latin1")
     out = {}
     for name, (x, y) in zip(("train", "val", "test"), splits, strict=True):
         out[name] = (np.asarray(x, dtype=np.float32).reshape(-1, 1, 28, 28), np.asarray(y, dtype=np.int64))

@@ -1,6 +1,6 @@
 """Attacks: one registry (``REGISTRY``), a Context built once per capture, and the attacks themselves."""
 
-from gleak.attacks import labels  # noqa: F401  (registers the label attacks)
+from gleak.attacks import labels, reconstruct  # noqa: F401  (registers the attacks)
 from gleak.attacks.base import REGISTRY, Attack, AttackResult, LabelOutput, Requirements, get_attack, run_attack
 from gleak.attacks.context import Context, build_context
 

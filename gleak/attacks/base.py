@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from abc import ABC, abstractmethod
@@ -58,6 +59,15 @@ class LabelOutput:
 
 
 @dataclass
+class ImageOutput:
+    """What a reconstruction attack returns: images in pixel space [B, C, H, W] within [0, 1], plus extras."""
+
+    images: torch.Tensor
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class AttackResult:
     """One attack on one capture: status ok / not_applicable / failed, output, time, reason, scores."""
 
@@ -65,7 +75,7 @@ class AttackResult:
     status: str
     seconds: float = 0.0
     reason: str | None = None
-    output: LabelOutput | None = None
+    output: LabelOutput | ImageOutput | None = None
     warnings: list[str] = field(default_factory=list)
     scores: dict[str, float] | None = None
 
@@ -73,26 +83,30 @@ class AttackResult:
         out: dict[str, Any] = {"attack": self.attack, "status": self.status, "seconds": round(self.seconds, 6)}
         if self.reason:
             out["reason"] = self.reason
-        if self.output is not None:
+        if isinstance(self.output, ImageOutput):
+            out["images"] = list(self.output.images.shape)
+            out["diagnostics"] = jsonable(self.output.diagnostics)
+        elif self.output is not None:
             out["counts"] = [int(c) for c in self.output.counts.tolist()]
             if self.output.soft_label is not None:
                 out["soft_label"] = [float(v) for v in self.output.soft_label.tolist()]
-            out["diagnostics"] = _jsonable(self.output.diagnostics)
+            out["diagnostics"] = jsonable(self.output.diagnostics)
         out["warnings"] = self.warnings
         if self.scores is not None:
             out["scores"] = {k: round(v, 6) for k, v in self.scores.items()}
         return out
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """Plain JSON values: tensors as lists, floats rounded, inf/NaN as null."""
     if isinstance(value, torch.Tensor):
-        return value.tolist()
+        return jsonable(value.tolist())
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, float):
-        return round(value, 8)
+        return round(value, 8) if math.isfinite(value) else None
     return value
 
 
@@ -110,8 +124,8 @@ class Attack(ABC):
         return ctx.check_requirements(self.requires)
 
     @abstractmethod
-    def run(self, ctx: Context) -> LabelOutput:
-        """Recover labels. Raise GleakError for a problem with the input that stops the attack."""
+    def run(self, ctx: Context) -> LabelOutput | ImageOutput:
+        """Recover labels (or images). Raise GleakError for a problem with the input that stops the attack."""
 
     def generator(self, ctx: Context) -> torch.Generator:
         """A generator seeded from the run's seed and this attack's name: same seed, same report."""

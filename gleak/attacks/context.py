@@ -145,6 +145,38 @@ class Context:
             pixels = (pixels - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
         return pixels
 
+    def parameter_gradients(self) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+        """The model's trainable parameters and, for each, the capture's tensor as one mean-reduced step's
+        gradient (float32, on the device) — what gradient-matching reconstruction matches."""
+        if self.model is None or self.no_forward_reason:
+            raise GleakError(self.no_forward_reason or "needs the model (--model)")
+        transform, reason = gradient_transform(self.capture, self.batch_size, self.loss)
+        if transform is None:
+            raise GleakError(reason or "no gradient available")
+        params, grads, missing = [], [], []
+        for name, param in self.model.named_parameters():
+            if not param.requires_grad:
+                continue
+            tensor = self.capture.tensors.get(name)
+            if tensor is None:
+                missing.append(name)
+                continue
+            params.append(param)
+            grads.append(transform.apply(tensor, param.detach().cpu()).float().to(self.device))
+        if missing:
+            raise GleakError(f"the capture lacks the gradients of {len(missing)} model parameters "
+                             f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''})")
+        return params, grads
+
+    def pixel_range(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(mean, std) shaped [1, C, 1, 1] that map model inputs back to pixels, when the capture records them."""
+        mean, std = self.capture.get("gleak.data.mean"), self.capture.get("gleak.data.std")
+        if not mean or not std or self.input_shape is None or len(self.input_shape) != 3:
+            return None
+        if len(mean) != self.input_shape[0] or len(std) != self.input_shape[0]:
+            return None
+        return torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+
     def feature_min(self) -> float | None:
         """Smallest last-layer input seen on aux data (or random dummy images); None when no forward works."""
         if "feature_min" not in self._cache:
@@ -163,40 +195,62 @@ class Context:
         return self._cache["feature_min"]
 
 
-def _gradient_view(capture: Capture, layer: LastLayer, batch_size: int | None,
-                   loss: LossSpec) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None, str | None]:
-    """(∇W, ∇b, note, reason-if-none) as one mean-reduced step's gradient."""
-    gw, gb = layer.grad_weight, layer.grad_bias
-    if gw is None:
-        return None, None, None, "the capture has no last-layer tensor"
-    gw = gw.double()
-    gb = gb.double() if gb is not None else None
-    note = None
+@dataclass(frozen=True)
+class GradientTransform:
+    """How a capture's tensors become one mean-reduced step's gradient: ∇ = (−Δ/scale − wd·θ) / divisor for a
+    one-step update, ∇ = tensor / divisor for a gradient (divisor = B for a sum-reduced loss, else 1)."""
+
+    update_scale: float | None
+    weight_decay: float
+    divisor: int
+    note: str | None
+
+    def apply(self, tensor: torch.Tensor, param: torch.Tensor | None) -> torch.Tensor:
+        g = tensor.double()
+        if self.update_scale is not None:
+            g = -g / self.update_scale
+            if self.weight_decay and param is not None:
+                g = g - self.weight_decay * param.double()
+        return g / self.divisor if self.divisor != 1 else g
+
+
+def gradient_transform(capture: Capture, batch_size: int | None,
+                       loss: LossSpec) -> tuple[GradientTransform | None, str | None]:
+    """The transform to a one-step gradient, or None and the one-line reason it does not exist."""
+    scale, wd, notes = None, 0.0, []
     if capture.kind == "update":
         steps, lr = capture.local_steps, capture.learning_rate
         optimizer = capture.get("gleak.optimizer", "sgd")
         if steps > 1:
-            return None, None, None, (f"needs one step's gradient; this update has {steps} local steps "
-                                      "(attacks for multi-step updates, such as rlu, apply)")
+            return None, (f"needs one step's gradient; this update has {steps} local steps "
+                          "(attacks for multi-step updates, such as rlu, apply)")
         if not lr:
-            return None, None, None, "this update records no gleak.learning_rate, so −Δ/η cannot be formed"
+            return None, "this update records no gleak.learning_rate, so −Δ/η cannot be formed"
         if optimizer == "adam":
-            return None, None, None, "a one-step Adam update is a normalised sign, not a scaled gradient"
+            return None, "a one-step Adam update is a normalised sign, not a scaled gradient"
         scale = lr * (1 + capture.get("gleak.momentum", 0.0)) if optimizer == "nag" else lr
-        gw = -gw / scale
-        gb = -gb / scale if gb is not None else None
         wd = capture.get("gleak.weight_decay", 0.0)
-        if wd:
-            gw = gw - wd * layer.weight.double()
-            if gb is not None and layer.bias is not None:
-                gb = gb - wd * layer.bias.double()
-        note = f"update read as a gradient: ∇ = −Δ/{scale:g}" + (f" − {wd:g}·θ" if wd else "")
+        notes.append(f"update read as a gradient: ∇ = −Δ/{scale:g}" + (f" − {wd:g}·θ" if wd else ""))
+    divisor = 1
     if loss.reduction == "sum":
         if not batch_size:
-            return None, None, None, "sum-reduced gradient with unknown batch size"
-        gw, gb = gw / batch_size, (gb / batch_size if gb is not None else None)
-        note = (note + "; " if note else "") + f"sum-reduced loss: divided by B = {batch_size}"
-    return gw, gb, note, None
+            return None, "sum-reduced gradient with unknown batch size"
+        divisor = batch_size
+        notes.append(f"sum-reduced loss: divided by B = {batch_size}")
+    return GradientTransform(scale, wd, divisor, "; ".join(notes) or None), None
+
+
+def _gradient_view(capture: Capture, layer: LastLayer, batch_size: int | None,
+                   loss: LossSpec) -> tuple[torch.Tensor | None, torch.Tensor | None, str | None, str | None]:
+    """(∇W, ∇b, note, reason-if-none) as one mean-reduced step's gradient."""
+    if layer.grad_weight is None:
+        return None, None, None, "the capture has no last-layer tensor"
+    transform, reason = gradient_transform(capture, batch_size, loss)
+    if transform is None:
+        return None, None, None, reason
+    gw = transform.apply(layer.grad_weight, layer.weight)
+    gb = transform.apply(layer.grad_bias, layer.bias) if layer.grad_bias is not None else None
+    return gw, gb, transform.note, None
 
 
 def build_context(capture: Capture, model: LoadedModel | None = None, aux: Dataset | None = None,

@@ -7,6 +7,7 @@ import typer
 from gleak.cli.attacks_cmd import attacks
 from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
+from gleak.cli.reconstruct_cmd import reconstruct
 from gleak.cli.simulate_cmd import simulate
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app.command()(inspect)
 app.command()(attacks)
 app.command()(simulate)
 app.command()(labels)
+app.command()(reconstruct)
 
 
 def main() -> None:

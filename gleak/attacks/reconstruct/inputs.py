@@ -1,0 +1,149 @@
+"""What a reconstruction needs before it starts: the training targets and, for one example, its feature.
+
+Targets are [B, C] probabilities exactly as the client's loss saw them (label smoothing from the capture's
+metadata is applied to hard labels; recovered soft labels already include it). Sources:
+
+* ``auto``: one example -> ``softlabel`` (soft label and feature; ``idlg`` if it fails); a batch -> the
+  first applicable count attack in :data:`COUNT_PREFERENCE`, counts expanded to one label per dummy (the
+  order is free: images are matched to truth afterwards);
+* ``truth``: the ground-truth companion file;
+* a JSON report written by ``gleak labels`` (``-o`` or ``--format json``): its first successful result.
+
+The feature of one example is ∇W[i]/∇b[i] when the last layer has a bias (exact), else softlabel's λ·∇W[r].
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gleak.attacks.base import AttackResult, LabelOutput, get_attack, run_attack
+from gleak.attacks.context import Context
+from gleak.capture import Truth
+from gleak.errors import GleakError
+from gleak.losses import soft_targets
+
+# best first, from bench/results/labels.md (untrained and trained LeNet-5, one step)
+COUNT_PREFERENCE = ("rlu", "posterior", "ilrg", "zlg-plus", "llg-plus", "zlg", "llg-star", "llg", "idlg")
+
+
+@dataclass
+class ReconInputs:
+    targets: torch.Tensor  # [B, C]
+    source: str
+    feature: torch.Tensor | None = None
+    feature_source: str | None = None
+    label_result: AttackResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def targets_from_counts(counts: torch.Tensor, ctx: Context) -> torch.Tensor:
+    """One label per example from per-class counts (summing to B), smoothed as the client's loss does."""
+    counts = counts.round().long().clamp_min(0)
+    if int(counts.sum()) != ctx.batch_size:
+        raise GleakError(f"the label counts sum to {int(counts.sum())}, the batch has B = {ctx.batch_size}")
+    labels = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    return soft_targets(labels, ctx.num_classes, ctx.loss.label_smoothing).double()
+
+
+def targets_from_truth(truth: Truth, ctx: Context) -> torch.Tensor:
+    labels = truth.labels
+    if len(labels) != ctx.batch_size:
+        raise GleakError(f"the ground truth has {len(labels)} labels, the capture B = {ctx.batch_size}")
+    if labels.dim() == 2:  # soft labels are what the loss saw (mixup targets, or already smoothed)
+        return labels.double()
+    return soft_targets(labels, ctx.num_classes, ctx.loss.label_smoothing).double()
+
+
+def _from_label_output(out: LabelOutput, ctx: Context) -> torch.Tensor:
+    if out.soft_label is not None and ctx.batch_size == 1:
+        return out.soft_label.double().view(1, -1)
+    return targets_from_counts(out.counts, ctx)
+
+
+def targets_from_file(path: Path, ctx: Context) -> tuple[torch.Tensor, str]:
+    """Targets from a `gleak labels` JSON report: its first successful result (soft label when B = 1)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise GleakError(f"{path}: no such labels file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GleakError(f"{path}: not a JSON labels report ({e})") from None
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list):
+        raise GleakError(f"{path}: not a `gleak labels` JSON report (no 'results' list)")
+    for r in results:
+        if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("counts"), list):
+            counts = torch.tensor(r["counts"], dtype=torch.float64)
+            if len(counts) != ctx.num_classes:
+                raise GleakError(f"{path}: {len(counts)} classes, the model has {ctx.num_classes}")
+            soft = r.get("soft_label")
+            out = LabelOutput(counts, torch.tensor(soft, dtype=torch.float64) if soft else None)
+            return _from_label_output(out, ctx), f"file {path.name} ({r.get('attack', '?')})"
+    raise GleakError(f"{path}: the report has no successful label result")
+
+
+def _run_labels(ctx: Context, names: tuple[str, ...]) -> tuple[AttackResult | None, list[str]]:
+    """The first of ``names`` that applies and succeeds, and why each earlier one did not."""
+    skipped = []
+    for name in names:
+        result = run_attack(get_attack(name), ctx)
+        if result.status == "ok" and result.output is not None:
+            return result, skipped
+        skipped.append(f"{name}: {result.reason}")
+    return None, skipped
+
+
+def feature_of_example(ctx: Context, softlabel: AttackResult | None) -> tuple[torch.Tensor | None, str | None]:
+    """The single example's last-layer input: ∇W[i]/∇b[i] with a bias, else softlabel's x* = λ·∇W[r]."""
+    if ctx.batch_size != 1 or ctx.grad_weight is None:
+        return None, None
+    if ctx.grad_bias is not None:
+        i = int(ctx.grad_bias.abs().argmax())
+        if float(ctx.grad_bias[i]) != 0.0:
+            return (ctx.grad_weight[i] / ctx.grad_bias[i]).float(), f"bias: ∇W[{i}]/∇b[{i}]"
+    if softlabel is None:
+        softlabel = run_attack(get_attack("softlabel"), ctx)
+    if softlabel.status == "ok" and softlabel.output is not None:
+        feature = softlabel.output.diagnostics.get("feature")
+        if isinstance(feature, torch.Tensor):
+            return feature.float(), "softlabel: λ·∇W[r]"
+    return None, None
+
+
+def prepare(ctx: Context, labels: str, truth: Truth | None, want_feature: bool) -> ReconInputs:
+    """Targets (and the feature when ``want_feature``) for ``--labels auto|truth|FILE``."""
+    notes: list[str] = []
+    label_result = None
+    if labels == "truth":
+        if truth is None:
+            raise GleakError("--labels truth needs the ground-truth file (NAME.truth.safetensors or --truth)")
+        targets, source = targets_from_truth(truth, ctx), "truth"
+    elif labels == "auto":
+        names = ("softlabel", "idlg") if ctx.batch_size == 1 else COUNT_PREFERENCE
+        label_result, skipped = _run_labels(ctx, names)
+        if label_result is None:
+            raise GleakError("no label attack could recover labels for this capture ("
+                             + "; ".join(skipped) + "); pass --labels truth or a labels file")
+        targets = _from_label_output(label_result.output, ctx)
+        source = f"recovered by {label_result.attack}"
+    else:
+        targets, source = targets_from_file(Path(labels), ctx)
+    feature, feature_source = None, None
+    if want_feature and ctx.batch_size == 1:
+        soft = label_result if label_result is not None and label_result.attack == "softlabel" else None
+        feature, feature_source = feature_of_example(ctx, soft)
+    return ReconInputs(targets, source, feature, feature_source, label_result, notes)
+
+
+def describe_targets(targets: torch.Tensor) -> list[dict[str, Any]]:
+    """Per example: its top classes and their mass (for reports)."""
+    out = []
+    for row in targets:
+        top = torch.argsort(row, descending=True)[:2].tolist()
+        out.append({str(c): round(float(row[c]), 5) for c in top if row[c] > 1e-6})
+    return out

@@ -1,0 +1,217 @@
+"""`gleak reconstruct`: images from a capture (gradient matching or analytic inversion), scored vs truth."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gleak.attacks.base import ImageOutput, get_attack, jsonable, run_attack
+from gleak.attacks.context import Context
+from gleak.attacks.reconstruct.base import ReconOptions, ReconstructionAttack, to_pixels
+from gleak.attacks.reconstruct.inputs import describe_targets, prepare
+from gleak.cli.common import (
+    ArchKwargsOpt,
+    ArchOpt,
+    DeviceOpt,
+    FcLayerOpt,
+    ForceOpt,
+    QuietOpt,
+    SeedOpt,
+    TrustPickleOpt,
+    VerboseOpt,
+    console,
+    err_console,
+    handle_errors,
+    print_json,
+)
+from gleak.cli.inputs import open_inputs
+from gleak.errors import GleakError
+from gleak.io import save_safetensors, write_bytes_atomic, write_text_atomic
+from gleak.metrics.images import image_scores
+from gleak.metrics.perceptual import load_lpips
+from gleak.report.images import grid, png_bytes, write_images
+
+FIXED_OUTPUTS = ("grid.png", "metrics.json", "images.safetensors")
+
+
+def choose_attack(ctx: Context, name: str) -> ReconstructionAttack:
+    """The named attack, or for ``auto``: fcn where it applies, feature for one example, else ig."""
+    if name != "auto":
+        attack = get_attack(name)
+        if attack.task != "reconstruct":
+            raise GleakError(f"'{name}' is a {attack.task} attack; reconstruction attacks: dlg, ig, feature, fcn")
+        return attack  # type: ignore[return-value]
+    fcn = get_attack("fcn")
+    if fcn.not_applicable(ctx) is None:
+        return fcn  # type: ignore[return-value]
+    return get_attack("feature" if ctx.batch_size == 1 else "ig")  # type: ignore[return-value]
+
+
+def check_output_dir(folder: Path, force: bool) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise GleakError(f"{folder} exists and is not a directory")
+    if folder.exists() and not force:
+        taken = [p.name for p in folder.iterdir() if p.name in FIXED_OUTPUTS or
+                 (p.name.startswith(("recon_", "truth_")) and p.suffix == ".png")]
+        if taken:
+            raise GleakError(f"{folder} already holds {', '.join(sorted(taken)[:3])}"
+                             f"{' …' if len(taken) > 3 else ''}; pass --force to overwrite")
+
+
+@handle_errors
+def reconstruct(
+    capture: Annotated[Path, typer.Argument(help="Capture file (.safetensors).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the images and metrics.json.")],
+    model: Annotated[Path | None, typer.Option("--model", "-M", help="Global model file.")] = None,
+    attack: Annotated[str, typer.Option("--attack", "-a", help="dlg, ig, feature, fcn, or auto (fcn where it "
+                                        "applies, feature for one example, else ig).")] = "auto",
+    labels: Annotated[str, typer.Option(help="auto (recover them), truth (the companion file) or a JSON "
+                                        "report from `gleak labels`.")] = "auto",
+    aux: Annotated[Path | None, typer.Option(help="Auxiliary labelled data for the label attacks.")] = None,
+    truth: Annotated[Path | None, typer.Option(help="Ground-truth file; default: NAME.truth.safetensors "
+                                               "next to the capture, when present.")] = None,
+    no_truth: Annotated[bool, typer.Option("--no-truth", help="Ignore any ground truth.")] = False,
+    iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="Optimiser iterations "
+                                                   "(default: dlg/feature 300, ig 4800).")] = None,
+    restarts: Annotated[int, typer.Option(help="Random restarts; the best by loss is kept.")] = 1,
+    lr: Annotated[float | None, typer.Option("--lr", help="Step size (default: L-BFGS 1, Adam 0.1).")] = None,
+    tv: Annotated[float | None, typer.Option("--tv", help="Total-variation weight (default: dlg 0, else "
+                                             "1e-2).")] = None,
+    distance: Annotated[str | None, typer.Option(help="feature: l2 (L-BFGS, default) or cosine (Adam).")] = None,
+    beta: Annotated[float | None, typer.Option(help="feature: weight β of the feature term (default 2).")] = None,
+    signed: Annotated[bool, typer.Option("--signed", help="Adam on the signed gradient (Inverting Gradients' "
+                                         "variant).")] = False,
+    lpips: Annotated[str, typer.Option(help="LPIPS network: alex, vgg or off.")] = "alex",
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.")] = None,
+    format: Annotated[str, typer.Option("--format", help="table or json (metrics on stdout).")] = "table",
+    arch: ArchOpt = None,
+    arch_kwargs: ArchKwargsOpt = None,
+    trust_pickle: TrustPickleOpt = False,
+    fc_layer: FcLayerOpt = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    force: ForceOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Reconstruct the client's inputs; write a PNG grid, one PNG per image and metrics.json."""
+    if format not in ("table", "json"):
+        raise GleakError(f"--format must be table or json, got '{format}'")
+    if lpips not in ("alex", "vgg", "off"):
+        raise GleakError(f"--lpips must be alex, vgg or off, got '{lpips}'")
+    if restarts < 1:
+        raise GleakError("--restarts must be ≥ 1")
+    if model is None:
+        raise GleakError("reconstruction needs the global model (--model)")
+    check_output_dir(output, force)
+    inputs = open_inputs(capture, model, arch, arch_kwargs, trust_pickle, aux, truth, no_truth, fc_layer, device,
+                         seed, batch_size)
+    ctx = inputs.ctx
+    chosen = choose_attack(ctx, attack)
+    reason = chosen.not_applicable(ctx)
+    if reason:
+        raise GleakError(f"{chosen.name} does not apply: {reason}")
+    started = time.perf_counter()
+    prepared = prepare(ctx, labels, inputs.truth, want_feature=chosen.name in ("feature", "fcn"))
+    chosen.options = ReconOptions(targets=prepared.targets, feature=prepared.feature, iterations=iterations,
+                                  restarts=restarts, lr=lr, tv=tv, distance=distance, beta=beta, signed=signed,
+                                  notes=prepared.notes)
+    result = _run_with_progress(chosen, ctx, quiet or format == "json")
+    if result.status != "ok" or not isinstance(result.output, ImageOutput):
+        raise GleakError(f"{chosen.name} failed: {result.reason}")
+    images = result.output.images
+    data: dict[str, Any] = {
+        "capture": str(capture), "model": str(model), "attack": chosen.name, "paper": chosen.paper,
+        "batch_size": ctx.batch_size, "labels": {"source": prepared.source,
+                                                  "targets": describe_targets(prepared.targets)},
+        "feature_source": prepared.feature_source, "seed": seed, "device": str(ctx.device),
+        "seconds": round(result.seconds, 3), "total_seconds": None,
+        "diagnostics": jsonable(result.output.diagnostics), "warnings": result.warnings, "metrics": None,
+    }
+    if prepared.label_result is not None:
+        data["labels"]["attack_seconds"] = round(prepared.label_result.seconds, 3)
+    iters = result.output.diagnostics.get("iterations_run")
+    if iters:
+        data["iterations_per_second"] = round(iters / result.seconds, 2)
+    truth_pixels = to_pixels(ctx, inputs.truth.inputs) if inputs.truth is not None else None
+    if truth_pixels is not None:
+        if truth_pixels.shape != images.shape:
+            raise GleakError(f"ground-truth inputs {list(truth_pixels.shape)} do not match the reconstruction "
+                             f"{list(images.shape)}")
+        scorer = load_lpips(lpips) if lpips != "off" else None
+        scores = image_scores(images, truth_pixels, scorer)
+        images = images[scores["matching"]]  # recon_k now pairs with truth image k
+        data["metrics"] = jsonable(scores)
+    data["total_seconds"] = round(time.perf_counter() - started, 3)
+    written = _write(output, images, truth_pixels, data, force)
+    if format == "json":
+        print_json(data)
+    else:
+        _render(data, written)
+
+
+def _run_with_progress(attack: ReconstructionAttack, ctx: Context, quiet: bool) -> Any:
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, disable=quiet, transient=True) as bar:
+        task = bar.add_task(f"{attack.name} (restart 1)", total=None, loss="—")
+
+        def progress(restart: int, it: int, total: int, loss: float) -> None:
+            bar.update(task, total=total, completed=it, loss=f"{loss:.3e}",
+                       description=f"{attack.name} (restart {restart + 1}/{attack.options.restarts})")
+
+        attack.options.progress = progress
+        return run_attack(attack, ctx)
+
+
+def _write(folder: Path, images: Any, truth: Any, data: dict[str, Any], force: bool) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = write_images(folder, images, "recon", force)
+    rows = [truth, images] if truth is not None else [images]
+    grid_path = folder / "grid.png"
+    write_bytes_atomic(grid_path, png_bytes(grid(rows)), force=force)
+    tensor_path = folder / "images.safetensors"
+    save_safetensors(tensor_path, {"images": images.contiguous()},
+                     {"gleak.kind": "reconstruction", "gleak.attack": data["attack"]}, force=force)
+    metrics_path = folder / "metrics.json"
+    write_text_atomic(metrics_path, json.dumps(data, indent=2) + "\n", force=force)
+    return [grid_path, *paths, tensor_path, metrics_path]
+
+
+def _render(data: dict[str, Any], written: list[Path]) -> None:
+    console.print(f"[bold]{data['capture']}[/]: {data['attack']} ({data['paper']}), B = {data['batch_size']}, "
+                  f"labels {data['labels']['source']}"
+                  + (f", feature from {data['feature_source']}" if data["feature_source"] else ""), soft_wrap=True)
+    d = data["diagnostics"]
+    speed = f", {data['iterations_per_second']:.1f} it/s" if data.get("iterations_per_second") else ""
+    console.print(f"time {data['seconds']:.1f} s{speed}" + (f", final loss {d['loss']:.3e}" if "loss" in d else ""))
+    m = data["metrics"]
+    if m is not None:
+        table = Table(title="reconstruction vs truth (matched one-to-one)", title_justify="left")
+        for col in ("image", "PSNR dB", "SSIM", "LPIPS"):
+            table.add_column(col, justify="right")
+        lp = m["lpips"] or [None] * len(m["psnr"])
+        for i, (p, s, v) in enumerate(zip(m["psnr"], m["ssim"], lp, strict=True)):
+            table.add_row(str(i), _num(p, 2), _num(s, 4), _num(v, 4))
+        mean = m["mean"]
+        table.add_row("[bold]mean[/]", _num(mean["psnr"], 2), _num(mean["ssim"], 4), _num(mean.get("lpips"), 4))
+        console.print(table)
+        if m["lpips"] is None:
+            console.print(f"[yellow]LPIPS not computed:[/] {m['lpips_info'].get('unavailable')}", soft_wrap=True)
+    else:
+        console.print("[dim]no ground truth: images are written unscored[/]")
+    for w in data["warnings"]:
+        console.print(f"[yellow]⚠[/] {w}", soft_wrap=True)
+    console.print(f"wrote {written[0]} and {len(written) - 1} more files in {written[0].parent}/")
+
+
+def _num(value: float | None, digits: int) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{digits}f}"
