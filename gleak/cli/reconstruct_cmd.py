@@ -78,7 +78,7 @@ def reconstruct(
                                                "next to the capture, when present.")] = None,
     no_truth: Annotated[bool, typer.Option("--no-truth", help="Ignore any ground truth.")] = False,
     iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="Optimiser iterations "
-                                                   "(default: dlg/feature 300, ig 4800).")] = None,
+                                                   "(default: dlg/feature 100 L-BFGS steps, ig 4800).")] = None,
     restarts: Annotated[int, typer.Option(help="Random restarts; the best by loss is kept.")] = 1,
     lr: Annotated[float | None, typer.Option("--lr", help="Step size (default: L-BFGS 1, Adam 0.1).")] = None,
     tv: Annotated[float | None, typer.Option("--tv", help="Total-variation weight (default: dlg 0, else "
