@@ -19,6 +19,17 @@ The paper's version, not the released code's closed form (METHODS §6b lists the
 4. FL schemes through ρ^(τ) and h (Table 1): SGD, momentum, Nesterov, FedProx μ and weight decay (as the
    exact linear recurrence of the bias), and Scaffold / FedDyn / FedDC when the capture carries the
    history term h in ``gleak.fl.history`` (the Table-1 h_j of the last-layer bias).
+5. m = 1 refinement (ours, not in the paper): Eq. 9 is exact for one step, B·u_j = N_j − Σ_n p_nj, and
+   Σ_n p_nj is what Eq. 8 replaces by its class average. With a trained model the per-example confidences
+   spread widely, so that sum misses its mean by about one count per class, and inverting A amplifies it by
+   1/(1 − S_jj). We therefore keep the LS estimate only as a start and refine it by generalised least
+   squares (GLS): the bias equations plus the weight equations projected on the logit directions,
+   B·u_W·Wᵀ = Σ_n (y_n − p_n)(z_n − b)ᵀ (the ∇W of Eq. 14 read through W), have mean Σ_c N_c μ_c and
+   covariance Σ_c N_c Σ_c, with μ_c, Σ_c the per-class mean and covariance of −∂ℓ/∂z ⊗ [1, z − b] on the
+   auxiliary data (empirical, no Gaussian Monte Carlo). One redundant class row is dropped (the rows sum to
+   0), the covariance is fixed at the LS counts, and moves of one count between classes are made while the
+   Gaussian log-likelihood grows. No prior on the batch composition is used. Only for C ≤ 20 classes
+   (C covariances of side (C − 1)(C + 1)); larger C keep the LS estimate.
 A FedSGD gradient is the m = 1 case with u = −∇b.
 """
 
@@ -32,15 +43,20 @@ from scipy.optimize import minimize
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
-from gleak.attacks.labels.counts import class_logit_stats, round_counts
+from gleak.attacks.labels.counts import class_logit_stats, logit_grads, round_counts
 
 MC_SAMPLES = 2000
 SEARCH_ITERATIONS = 5  # T in the main text
 HISTORY_SCHEMES = ("scaffold", "feddyn", "feddc")
+GLS_MAX_CLASSES = 20  # the m = 1 GLS refinement keeps a ((C − 1)(C + 1))² covariance per class
+GLS_RIDGE = 0.1  # ridge on the GLS covariance, as a fraction of the mean per-class variance × B/C
 
 
 def rho_and_history(ctx: Context, b0: torch.Tensor) -> tuple[np.ndarray, torch.Tensor, list[str]]:
-    """ρ^(τ) for τ = 1..m and the history/decay term h of Eq. 16 for the capture's optimizer and scheme."""
+    """ρ^(τ) for τ = 1..m and the history/decay term h of Eq. 16 for the capture's optimizer and scheme.
+
+    Outside the history schemes h is linear in the start parameter, so passing the last-layer weight W₀
+    instead of b₀ gives the same term for ΔW."""
     cap, m = ctx.capture, ctx.local_steps
     if ctx.kind == "gradient":
         return np.ones(1), torch.zeros_like(b0), []
@@ -99,6 +115,64 @@ def coefficient_matrix(S: torch.Tensor) -> torch.Tensor:
     return torch.diag(off.sum(1)) - off.T
 
 
+def update_statistics(logits: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor, ctx: Context,
+                      with_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class mean μ_c [C, D] and covariance Σ_c [C, D, D] of one example's share of the m = 1 equations.
+
+    An example n adds f_n = −∂ℓ_n/∂z_n to B·u_b (Eq. 9 before taking expectations) and
+    −∂ℓ_n/∂z_n ⊗ (z_n − b) to B·u_W·Wᵀ (∇W = Σ_n ∂ℓ_n/∂z_n h_nᵀ / B, read through W h_n = z_n − b).
+    The last class row is dropped: for softmax losses the rows sum to zero, so it carries no information.
+    """
+    C = ctx.num_classes
+    g = -logit_grads(logits, labels, ctx.loss)[:, : C - 1]  # [N, C − 1]
+    if with_weight:
+        weights = torch.cat([torch.ones(len(labels), 1, dtype=torch.float64), logits.double() - bias], 1)
+        f = (g[:, :, None] * weights[:, None, :]).flatten(1)  # [N, (C − 1)(C + 1)]
+    else:
+        f = g
+    D = f.shape[1]
+    overall_mean = f.mean(0)
+    overall_cov = torch.cov(f.T).reshape(D, D) if len(f) > 1 else torch.zeros(D, D, dtype=torch.float64)
+    mean = torch.empty(C, D, dtype=torch.float64)
+    cov = torch.empty(C, D, D, dtype=torch.float64)
+    for c in range(C):
+        fc = f[labels == c]
+        mean[c] = fc.mean(0) if len(fc) else overall_mean
+        cov[c] = torch.cov(fc.T).reshape(D, D) if len(fc) > 1 else overall_cov
+    return mean, cov
+
+
+def gls_counts(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, start: torch.Tensor,
+               ridge: float = GLS_RIDGE) -> tuple[torch.Tensor, int]:
+    """Integer counts N (ΣN fixed by ``start``) maximising the Gaussian log-likelihood of x ~ N(Nᵀμ, V).
+
+    V = Σ_c max(N̂_c, ½)·Σ_c at the start counts N̂, plus a ridge. Greedy ascent over moves of one count from
+    class a to class b: with r = x − Nᵀμ, Q = V⁻¹, v = μQr and M = μQμᵀ the move changes −½ rᵀQr by
+    v_b − v_a − ½(M_aa + M_bb − 2M_ab), so all C(C − 1) moves are scored at once.
+    """
+    C, B = mean.shape[0], int(start.sum())
+    n = start.double().clone()
+    V = torch.einsum("c,cij->ij", n.clamp_min(0.5), cov)
+    V = V + ridge * (B / C) * torch.diag(cov.diagonal(dim1=1, dim2=2).mean(0).clamp_min(1e-12))
+    L = torch.linalg.cholesky(V)
+    Qmu = torch.cholesky_solve(mean.T.contiguous(), L)  # [D, C] = Q μᵀ
+    M = mean @ Qmu
+    moves = 0
+    for _ in range(C * B):  # every accepted move raises the likelihood, so this bound is never reached
+        v = (x - n @ mean) @ Qmu
+        gain = v[None, :] - v[:, None] - 0.5 * (M.diagonal()[:, None] + M.diagonal()[None, :] - 2 * M)
+        gain.fill_diagonal_(-torch.inf)
+        gain[n < 1] = -torch.inf  # cannot take a count from an empty class
+        best = int(gain.argmax())
+        a, b = divmod(best, C)
+        if not float(gain[a, b]) > 1e-12:
+            break
+        n[a] -= 1
+        n[b] += 1
+        moves += 1
+    return n.round().long(), moves
+
+
 def simplex_least_squares(A: torch.Tensor, u: torch.Tensor) -> np.ndarray:
     """min ‖Az − u‖² s.t. 0 ≤ z ≤ 1, Σz = 1 (Eq. 10), with SLSQP from the clipped unconstrained solution."""
     An, un = A.numpy(), u.numpy()
@@ -155,7 +229,7 @@ class RLU(Attack):
         else:
             eta, delta_b = float(ctx.capture.learning_rate), ctx.layer.grad_bias.double().cpu()
         u = (delta_b + h) / (eta * float(rho.sum()))
-        if ctx.loss.reduction == "sum":
+        if ctx.loss.reduction == "sum" and ctx.kind == "update":  # the gradient view is already divided by B
             u = u / B
         _, z_start, y = ctx.aux_forward()
         start = class_logit_stats(z_start, y, C)
@@ -165,6 +239,9 @@ class RLU(Attack):
         if m == 1:
             z = simplex_least_squares(A, u)
             counts = round_counts(z * B, B)
+            if C <= GLS_MAX_CLASSES:
+                counts, diagnostics["gls_moves"] = self._refine(ctx, counts, u, rho, eta)
+                diagnostics["ls_counts"] = round_counts(z * B, B)
         else:
             z_end = ctx.features_and_logits(ctx.aux.batch(range(len(ctx.aux)))[0], model=_end_model(ctx))[1]
             end = class_logit_stats(z_end, y, C)
@@ -176,6 +253,26 @@ class RLU(Attack):
             diagnostics["search_moves"] = moves
         diagnostics["z"] = torch.from_numpy(z)
         return LabelOutput(counts, diagnostics=diagnostics, warnings=warnings)
+
+    def _refine(self, ctx: Context, counts: torch.Tensor, u: torch.Tensor, rho: np.ndarray,
+                eta: float) -> tuple[torch.Tensor, int]:
+        """m = 1: GLS refinement of the LS counts on the bias and logit-projected weight equations (item 5)."""
+        B, C = ctx.batch_size, ctx.num_classes
+        W0, b0 = ctx.layer.weight.double().cpu(), ctx.layer.bias.double().cpu()
+        scheme = ctx.capture.get("gleak.fl.scheme", "fedavg")
+        u_W = None
+        if ctx.kind == "gradient" and ctx.grad_weight is not None:
+            u_W = -ctx.grad_weight.double().cpu()  # the gradient view is already mean-reduced
+        elif ctx.kind == "update" and ctx.layer.grad_weight is not None and scheme not in HISTORY_SCHEMES:
+            u_W = (ctx.layer.grad_weight.double().cpu() + rho_and_history(ctx, W0)[1]) / (eta * float(rho.sum()))
+            if ctx.loss.reduction == "sum":
+                u_W = u_W / B
+        x = (B * u)[: C - 1, None]
+        if u_W is not None:
+            x = torch.cat([x, B * u_W[: C - 1] @ W0.T], 1)
+        _, logits, labels = ctx.aux_forward()
+        mean, cov = update_statistics(logits, labels, b0, ctx, with_weight=u_W is not None)
+        return gls_counts(x.flatten(), mean, cov, counts)
 
     def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: tuple, end: tuple, mc: _Confidences,
                           eta: float, rho: np.ndarray, db: torch.Tensor) -> tuple[torch.Tensor, int]:
