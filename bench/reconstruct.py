@@ -140,7 +140,7 @@ def models_and_data() -> dict[str, Any]:
     }
 
 
-def table3(env: dict[str, Any], n: int, l2_iters: int, cos_iters: int) -> tuple[str, list[dict]]:
+def table3(env: dict[str, Any], n: int, l2_iters: int, cos_iters: int, match: str = "") -> tuple[str, list[dict]]:
     lines = [f"## Table 3 in small: recovered vs true vs random labels ({n} images per row; L2 = dlg with "
              f"{l2_iters} L-BFGS steps, cosine = ig with {cos_iters} Adam steps; TV 1e-2)", "",
              "| model / data | augmentation | distance | labels | PSNR dB | SSIM | LPIPS | label L1 |",
@@ -152,15 +152,26 @@ def table3(env: dict[str, Any], n: int, l2_iters: int, cos_iters: int) -> tuple[
             for dist, attack, iters in (("L2", "dlg", l2_iters), ("cosine", "ig", cos_iters)):
                 if model_key == "lenet-relu-mnist" and dist == "cosine":
                     continue
+                if not all(word in f"{title} {kind} {dist}" for word in match.split()):
+                    continue
+                paired: list[float] = []
                 for labels in ("recovered", "true", "random"):
                     rows = []
                     for k in range(n):
                         ctx, truth = trial(env[model_key], env[data_key], kind, seed=1000 + k)
                         rows.append(reconstruct(ctx, truth, attack, labels, k, iterations=iters, tv=1e-2))
                     s = summarise(rows)
-                    out.append({"model": title, "kind": kind, "distance": dist, "labels": labels, **s})
-                    line = (f"| {title} | {kind} | {dist} | {labels} | {fmt(s, 'psnr')} | {fmt(s, 'ssim', 3)} | "
-                            f"{fmt(s, 'lpips', 3)} | {s['label_l1']:.1e} |")
+                    out.append({"model": title, "kind": kind, "distance": dist, "labels": labels, **s,
+                                "per_image_psnr": [r["psnr"] for r in rows]})
+                    if labels == "recovered":
+                        paired = [r["psnr"] for r in rows]
+                    diff = ""
+                    if labels == "true":
+                        d = [a - b for a, b in zip(paired, (r["psnr"] for r in rows), strict=True)]
+                        se = statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else 0.0
+                        diff = f" (recovered − true: {statistics.mean(d):+.2f} ± {se:.2f} dB)"
+                    line = (f"| {title} | {kind} | {dist} | {labels}{diff} | {fmt(s, 'psnr')} | "
+                            f"{fmt(s, 'ssim', 3)} | {fmt(s, 'lpips', 3)} | {s['label_l1']:.1e} |")
                     print(line, flush=True)
                     lines.append(line)
     return "\n".join(lines), out
@@ -255,6 +266,8 @@ def main() -> None:
     parser.add_argument("--l2-iterations", type=int, default=60)
     parser.add_argument("--cos-iterations", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--match", default="", help="table3: only rows whose 'model augmentation distance' "
+                        "contains every word, e.g. 'CIFAR mixup cosine'")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     env = models_and_data()
@@ -263,7 +276,7 @@ def main() -> None:
     parts = [args.only] if args.only else ["fcn", "speed", "ig", "table3", "table4"]
     for part in parts:
         if part == "table3":
-            text, rows = table3(env, args.images, args.l2_iterations, args.cos_iterations)
+            text, rows = table3(env, args.images, args.l2_iterations, args.cos_iterations, args.match)
         elif part == "table4":
             text, rows = table4(env, args.images, args.l2_iterations)
         elif part == "fcn":
@@ -277,7 +290,8 @@ def main() -> None:
     header = (f"# Reconstruction benchmark\n\n`python bench/reconstruct.py {' '.join(sys.argv[1:])}`, "
               f"{time.time() - started:.0f} s, torch threads {args.threads}; LPIPS: "
               f"{LPIPS.source if LPIPS.available else LPIPS.reason}\n")
-    name = "reconstruct" + (f"-{args.only}" if args.only else "")
+    name = "reconstruct" + (f"-{args.only}" if args.only else "") + ("-" + "-".join(args.match.split())
+                                                                     if args.match else "")
     out = ROOT / "bench/results"
     out.mkdir(exist_ok=True)
     (out / f"{name}.md").write_text(header + "\n" + "\n\n".join(sections) + "\n")

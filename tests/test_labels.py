@@ -409,6 +409,36 @@ def test_softlabel_recovers_label_and_feature_with_and_without_bias(mnist) -> No
     assert ctx.layer.bias is None  # fcn4 is bias-free
 
 
+def test_softlabel_rank_one_projection_and_noise_weighted_loss(mnist) -> None:
+    """A clean single-example ∇W is rank 1 (seed 000 §3.1): the projection leaves it unchanged; with gradient
+    noise (§5.2) the weighted fallback still lands within 1 of the true λ (the reference's Table 5 oracle)."""
+    from gleak.attacks.labels.softlabel import PseudoLabel, rank_one
+
+    torch.manual_seed(0)
+    module = build_zoo_model("lenet", activation="sigmoid", init="uniform").eval()
+    model = LoadedModel(module, "test", "lenet", {}, (1, 28, 28), "", {})
+    attack = get_attack("softlabel")
+    attack.augmentation = "smoothing"
+    hits = []
+    for seed in range(4):
+        cap, truth = simulate_client(module, mnist, ClientConfig(batch_size=1, seed=seed,
+                                                                 loss=LossSpec(label_smoothing=0.1 + 0.1 * seed)))
+        clean = build_context(cap, model).grad_weight
+        assert torch.allclose(rank_one(clean), clean, atol=1e-12 * float(clean.abs().max()))
+        f = PseudoLabel(clean, model.module.fc3.weight.detach(), model.module.fc3.bias.detach(), 0, "smoothing")
+        s = torch.tensor([0.5, 2.0, 7.0], dtype=torch.float64)
+        assert torch.allclose(f.noise_loss(s), (s * f.r.norm()) ** 2 * f.loss(s))
+        h, _ = build_context(cap, model).features_and_logits(truth.inputs)
+        noisy = cap.tensors["fc3.weight"] + 1e-3 * torch.randn(cap.tensors["fc3.weight"].shape,
+                                                               generator=torch.Generator().manual_seed(seed))
+        cap.tensors["fc3.weight"] = noisy
+        out = run_attack(attack, build_context(cap, model, seed=seed)).output
+        g = clean[out.diagnostics["row"]]
+        lam_true = float(torch.nanmean(torch.where(g != 0, h[0].double() / g, torch.tensor(float("nan")))))
+        hits.append(abs(out.diagnostics["lambda"] - lam_true) < 1)
+    assert all(hits), hits
+
+
 def test_softlabel_zero_gradient_returns_model_prediction() -> None:
     model = load_model(LENET)
     cap = load_capture_fn(SMOOTHING)
