@@ -26,7 +26,6 @@ toward large |s|.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from gleak.errors import GleakError
 THRESHOLD = 1e-9  # the reference's acceptance threshold on L(s)
 CONFIRM = 1e-12  # what a polished true solution must reach in float64
 # below this a polished zero is certain; between SURE and CONFIRM it may be a shoulder next to the true zero of a
-# trained model (λ off by ~1 %), so the search goes on and keeps it only if nothing lower turns up
+# trained model (λ off by ~1 %), so a dense grid scan looks for a clearly lower zero first (`grid_rescue`)
 SURE = 1e-14
 BOUND = 100.0
 STEPS_PER_SIDE = 100
@@ -264,45 +263,57 @@ def confirm(f: PseudoLabel, s: float, loss: float, bound: float = BOUND) -> tupl
     return s, loss, False
 
 
+RESCUE_WINDOW, RESCUE_POINTS = 0.1, 4001  # ±10 % around a held near-zero, 0.005 % apart
+
+
+def grid_rescue(f: PseudoLabel, held: Search) -> Search | None:
+    """A held near-zero (between SURE and CONFIRM) may be a shoulder beside the true zero (trained models, λ off
+    by 0.2–1.2 %). Scan L(s) on a dense batched grid within ±10 % of it, polish the lowest local minima that
+    undercut the held loss tenfold and return the first that confirms below it; None when nothing better
+    exists (a float32 gradient's true zero can itself sit above SURE)."""
+    s = held.s * (1 + torch.linspace(-RESCUE_WINDOW, RESCUE_WINDOW, RESCUE_POINTS, dtype=torch.float64))
+    with torch.no_grad():
+        values = torch.nan_to_num(f.loss(s), nan=1e30)
+    interior = (values[1:-1] <= values[:-2]) & (values[1:-1] <= values[2:]) & (values[1:-1] < held.loss / 10)
+    minima = torch.nonzero(interior).flatten() + 1
+    for i in minima[torch.argsort(values[minima])][:5].tolist():
+        ps, pl, exact = confirm(f, float(s[i]), float(values[i]), EXTENDED_BOUND)
+        if exact and pl < held.loss / 10:
+            return Search(held.augmentation, ps, pl, f"grid [{float(s[i]):.4g}] past a near-zero", True)
+    return None
+
+
 def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0) -> list[Search]:
     """L-BFGS for every objective first (cheap), then swarms for each objective only if none was exact, then
     (noisy gradients) the reference's pso_noise global minimum. ``fs`` is in search order.
 
-    A confirmed zero below ``SURE`` ends the search at once; one between ``SURE`` and ``CONFIRM`` is held while
-    the later stages look for a lower one (trained models have shoulders there, a float32 gradient's true zero
-    can sit there too), and wins if none is found."""
+    A confirmed zero below ``SURE`` ends the search at once. One between ``SURE`` and ``CONFIRM`` — a float32
+    gradient's true zero can sit there, and so can a trained model's shoulder next to it — ends it too, after
+    a dense grid scan (:func:`grid_rescue`) has looked for a clearly lower zero."""
     results: dict[str, Search] = {}
-    held: Search | None = None
 
-    def consider(found: Search) -> bool:
-        """Record a stage's result; True when it is a certain zero and the search ends."""
-        nonlocal held
-        if found.exact and found.loss < SURE:
-            results[found.augmentation] = found
-            return True
-        if found.exact and (held is None or found.loss < held.loss):
-            held = found
-        results[found.augmentation] = dataclasses.replace(found, exact=False)
-        return False
+    def settle(found: Search) -> list[Search]:
+        if found.loss >= SURE:
+            found = grid_rescue(fs[found.augmentation], found) or found
+        results[found.augmentation] = found
+        return list(results.values())
 
     for kind, f in fs.items():
         s, loss, stage = lbfgs_search(f, first_sign)
         s, loss, exact = confirm(f, s, loss)
-        found = Search(kind, s, loss, stage if exact or loss >= THRESHOLD else stage + ", rejected", exact)
-        if consider(found):
-            return list(results.values())
+        results[kind] = Search(kind, s, loss, stage if exact or loss >= THRESHOLD else stage + ", rejected", exact)
+        if exact:
+            return settle(results[kind])
     for extended in (None, EXTENDED_INTERVALS):
         for kind, f in fs.items():
             ps, ploss, pstage, _ = pso_search(f, kind, seed, extended)
             ps, ploss, exact = confirm(f, ps, ploss, EXTENDED_BOUND if extended else BOUND)
             # beyond the reference's range only an exact zero counts: there L(s) creeps down as the softmax
             # saturates, so with noisy gradients the far-out region would always win a "lowest loss" contest
-            better = exact or (extended is None and ploss < results[kind].loss)
-            if better and consider(Search(kind, ps, ploss, pstage, exact)):
-                return list(results.values())
-    if held is not None:
-        results[held.augmentation] = held
-        return list(results.values())
+            if exact or (extended is None and ploss < results[kind].loss):
+                results[kind] = Search(kind, ps, ploss, pstage, exact)
+            if exact:
+                return settle(results[kind])
     # nothing exact (noisy gradients, §5.2): as the reference's pso_noise, a global minimum, here of the
     # noise-weighted loss ‖x(s)‖²·L(s) over the reference's PSO range. The earlier stages' candidates are
     # dropped: they minimise the unweighted L, whose minimum noise drags outward.
