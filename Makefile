@@ -20,7 +20,7 @@ demo: setup
 	$(BIN)/gleak labels samples/captures/fedsgd_b32.safetensors --model samples/models/lenet_untrained.safetensors \
 		--aux samples/data/mnist_aux.safetensors
 	$(BIN)/gleak reconstruct samples/captures/cifar10_b8.safetensors --model samples/models/idlg_cnn_cifar10.safetensors \
-		--iterations 600 -o $(OUT)/reconstruct_cifar10_b8 --force
+		--iterations 3000 -o $(OUT)/reconstruct_cifar10_b8 --force
 	$(BIN)/gleak simulate --model samples/models/lenet_untrained.safetensors --data samples/data/mnist_client.safetensors \
 		--batch-size 16 --local-steps 5 --seed 7 -o $(OUT)/fedavg_b16_m5.safetensors --force
 	$(BIN)/gleak inspect $(OUT)/fedavg_b16_m5.safetensors --model samples/models/lenet_untrained.safetensors
