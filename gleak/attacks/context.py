@@ -139,11 +139,8 @@ class Context:
         shape = (n, *self.input_shape)
         pixels = {"zeros": lambda: torch.zeros(shape), "ones": lambda: torch.ones(shape),
                   "random": lambda: torch.rand(shape, generator=gen)}[kind]()
-        mean = self.capture.get("gleak.data.mean")
-        std = self.capture.get("gleak.data.std")
-        if mean and std and len(shape) == 4:
-            pixels = (pixels - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
-        return pixels
+        rng = self.pixel_range()
+        return (pixels - rng[0]) / rng[1] if rng is not None else pixels
 
     def parameter_gradients(self) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
         """The model's trainable parameters and, for each, the capture's tensor as one mean-reduced step's
