@@ -36,6 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from softlabel import sample  # noqa: E402  (bench/softlabel.py: seed 000 §5.1 single-image targets)
+
 from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.reconstruct.base import to_pixels  # noqa: E402
 from gleak.attacks.reconstruct.inputs import prepare  # noqa: E402
@@ -57,23 +59,6 @@ def zoo(name: str, shape: tuple[int, int, int], seed: int = 0, **kwargs: Any) ->
     else:
         module = build_zoo_model(name, in_channels=shape[0], image_size=shape[1], **kwargs)
     return LoadedModel(module.eval(), "bench", name, kwargs, shape)
-
-
-def sample(data: Dataset, kind: str, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One model-ready input and its soft target (seed 000 §5.1)."""
-    i = int(rng.integers(len(data)))
-    x, y = data.batch([i])
-    if kind == "smoothing":
-        eps = float(rng.uniform(0, 0.5))
-        return x, (1 - eps) * torch.nn.functional.one_hot(y, C).double() + eps / C
-    while True:
-        j = int(rng.integers(len(data)))
-        if data.labels[j] != data.labels[i]:
-            break
-    x2, y2 = data.batch([j])
-    r = float(rng.uniform(0, 1))
-    target = r * torch.nn.functional.one_hot(y, C).double() + (1 - r) * torch.nn.functional.one_hot(y2, C).double()
-    return r * x + (1 - r) * x2, target
 
 
 def trial(model: LoadedModel, data: Dataset, kind: str, seed: int):

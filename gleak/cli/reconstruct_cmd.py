@@ -120,8 +120,7 @@ def reconstruct(
     started = time.perf_counter()
     prepared = prepare(ctx, labels, inputs.truth, want_feature=chosen.name in ("feature", "fcn"))
     chosen.options = ReconOptions(targets=prepared.targets, feature=prepared.feature, iterations=iterations,
-                                  restarts=restarts, lr=lr, tv=tv, distance=distance, beta=beta, signed=signed,
-                                  notes=prepared.notes)
+                                  restarts=restarts, lr=lr, tv=tv, distance=distance, beta=beta, signed=signed)
     result = _run_with_progress(chosen, ctx, quiet or format == "json")
     if result.status != "ok" or not isinstance(result.output, ImageOutput):
         raise GleakError(f"{chosen.name} failed: {result.reason}")

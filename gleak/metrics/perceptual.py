@@ -18,7 +18,6 @@ channels, and images smaller than 32 px (AlexNet's stride-4 stem and two 3×3/2 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import pickle
 import warnings
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from gleak.io import load_numpy_pickle
-
-log = logging.getLogger(__name__)
 
 MIN_SIDE = 32
 

@@ -79,7 +79,6 @@ class AnalyticFCN(ReconstructionAttack):
         layers, _ = linear_chain(ctx.model)
         params, grads = ctx.parameter_gradients()
         by_param = {id(p): g.double().cpu() for p, g in zip(params, grads, strict=True)}
-        warnings = list(self.options.notes)
         top_name, top = layers[-1]
         gw = by_param[id(top.weight)]
         if top.bias is not None:
@@ -115,4 +114,4 @@ class AnalyticFCN(ReconstructionAttack):
         inputs = x.float().view(1, *ctx.input_shape)
         diag = {"layers": [n for n, _ in layers], "active_rows": used_rows[::-1],
                 "feature_source": "bias" if top.bias is not None else "recovered feature"}
-        return image_output(ctx, inputs, diag, warnings)
+        return image_output(ctx, inputs, diag)

@@ -14,10 +14,7 @@ from typing import ClassVar
 
 from gleak.attacks.base import ImageOutput, Requirements, register
 from gleak.attacks.context import Context
-from gleak.attacks.reconstruct.base import ReconstructionAttack, image_output, input_box
-from gleak.attacks.reconstruct.ig import InvertingGradients
-from gleak.attacks.reconstruct.objective import DISTANCES, GradientMatcher
-from gleak.attacks.reconstruct.optimize import adam, lbfgs
+from gleak.attacks.reconstruct.base import ReconstructionAttack
 from gleak.errors import GleakError
 
 
@@ -28,7 +25,6 @@ class FeatureMatching(ReconstructionAttack):
              "ICLR 2024")
     summary = "gradient matching plus a term pulling the dummy's last-layer input to the recovered feature"
     requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True, single_sample=True)
-    default_iterations: ClassVar[int] = 100
     default_tv: ClassVar[float] = 1e-2
     default_beta: ClassVar[float] = 2.0
 
@@ -37,24 +33,5 @@ class FeatureMatching(ReconstructionAttack):
         if o.feature is None:
             raise GleakError("no last-layer feature was recovered for this example (softlabel found none and the "
                              "last layer has no bias)")
-        distance = o.distance or "l2"
-        if distance not in DISTANCES:
-            raise GleakError(f"--distance must be one of {', '.join(DISTANCES)}, got '{distance}'")
-        beta = o.beta if o.beta is not None else self.default_beta
-        tv = o.tv if o.tv is not None else self.default_tv
-        matcher = GradientMatcher(ctx, self.targets(ctx), distance, beta=beta, feature=o.feature, tv=tv)
-        shape = (ctx.batch_size, *ctx.input_shape)
-        iterations = o.iterations if o.iterations is not None else (
-            self.default_iterations if distance == "l2" else InvertingGradients.default_iterations)
-        if iterations < 1:
-            raise GleakError("--iterations must be ≥ 1")
-        if distance == "l2":
-            sol = lbfgs(matcher, shape, iterations, o.restarts, o.lr or 1.0, self.generator(ctx), ctx.device,
-                        o.progress)
-        else:
-            sol = adam(matcher, shape, iterations, o.restarts, o.lr or InvertingGradients.default_lr,
-                       self.generator(ctx), ctx.device, input_box(ctx), bool(o.signed), o.progress)
-        diag = {"distance": distance, "beta": beta, "tv": tv, "iterations": iterations, "restarts": o.restarts,
-                "loss": sol.loss, "best_restart": sol.restart, "restart_losses": sol.losses,
-                "iterations_run": sol.iterations_run}
-        return image_output(ctx, sol.inputs, diag, list(o.notes))
+        return self.match_gradients(ctx, o.distance or "l2", self.default_tv if o.tv is None else o.tv,
+                                    self.default_beta if o.beta is None else o.beta)

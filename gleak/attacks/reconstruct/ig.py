@@ -15,9 +15,7 @@ from typing import ClassVar
 
 from gleak.attacks.base import ImageOutput, register
 from gleak.attacks.context import Context
-from gleak.attacks.reconstruct.base import ReconstructionAttack, image_output, input_box
-from gleak.attacks.reconstruct.objective import GradientMatcher
-from gleak.attacks.reconstruct.optimize import adam
+from gleak.attacks.reconstruct.base import ReconstructionAttack
 
 
 @register
@@ -25,19 +23,7 @@ class InvertingGradients(ReconstructionAttack):
     name = "ig"
     paper = "Geiping, Bauermeister, Dröge & Moeller, Inverting Gradients, NeurIPS 2020"
     summary = "inputs whose gradient points the captured way (cosine + TV prior, Adam), labels fixed"
-    default_iterations: ClassVar[int] = 4800
-    default_lr: ClassVar[float] = 0.1
     default_tv: ClassVar[float] = 1e-2
 
     def run(self, ctx: Context) -> ImageOutput:
-        o = self.options
-        tv = o.tv if o.tv is not None else self.default_tv
-        signed = bool(o.signed)
-        matcher = GradientMatcher(ctx, self.targets(ctx), "cosine", tv=tv)
-        shape = (ctx.batch_size, *ctx.input_shape)
-        sol = adam(matcher, shape, self.iterations(), o.restarts, o.lr or self.default_lr, self.generator(ctx),
-                   ctx.device, input_box(ctx), signed, o.progress)
-        diag = {"distance": "cosine", "optimizer": "adam-signed" if signed else "adam",
-                "iterations": self.iterations(), "restarts": o.restarts, "tv": tv, "loss": sol.loss,
-                "best_restart": sol.restart, "restart_losses": sol.losses, "iterations_run": sol.iterations_run}
-        return image_output(ctx, sol.inputs, diag, list(o.notes))
+        return self.match_gradients(ctx, "cosine", self.default_tv if self.options.tv is None else self.options.tv)

@@ -15,7 +15,7 @@ The feature of one example is ∇W[i]/∇b[i] when the last layer has a bias (ex
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ class ReconInputs:
     feature: torch.Tensor | None = None
     feature_source: str | None = None
     label_result: AttackResult | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def targets_from_counts(counts: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -117,7 +116,6 @@ def feature_of_example(ctx: Context, softlabel: AttackResult | None) -> tuple[to
 
 def prepare(ctx: Context, labels: str, truth: Truth | None, want_feature: bool) -> ReconInputs:
     """Targets (and the feature when ``want_feature``) for ``--labels auto|truth|FILE``."""
-    notes: list[str] = []
     label_result = None
     if labels == "truth":
         if truth is None:
@@ -137,7 +135,7 @@ def prepare(ctx: Context, labels: str, truth: Truth | None, want_feature: bool) 
     if want_feature and ctx.batch_size == 1:
         soft = label_result if label_result is not None and label_result.attack == "softlabel" else None
         feature, feature_source = feature_of_example(ctx, soft)
-    return ReconInputs(targets, source, feature, feature_source, label_result, notes)
+    return ReconInputs(targets, source, feature, feature_source, label_result)
 
 
 def describe_targets(targets: torch.Tensor) -> list[dict[str, Any]]:

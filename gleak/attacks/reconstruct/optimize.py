@@ -1,4 +1,4 @@
-"""The optimisation loops: L-BFGS (DLG) and Adam on the signed gradient (Inverting Gradients).
+"""The optimisation loops: L-BFGS (DLG) and Adam (Inverting Gradients).
 
 Both start from N(0, 1) dummies (seeded per restart), keep the best iterate by objective value, stop a
 restart whose objective turns NaN/Inf, and return the best restart. The Adam loop follows Geiping et al.
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gleak.attacks.reconstruct.base import Progress
+# progress(restart, iteration, iterations, best loss so far)
+Progress = Callable[[int, int, int, float], None]
+Run = tuple[float, torch.Tensor, int]  # one restart: best loss, its inputs, iterations run
 
 
 @dataclass
@@ -21,8 +23,15 @@ class Solution:
     inputs: torch.Tensor
     loss: float
     restart: int
-    iterations_run: int
+    iterations_run: int  # over all restarts
     losses: list[float]  # best objective of each restart
+
+
+def _best_of(restarts: int, run: Callable[[int], Run]) -> Solution:
+    """Run every restart and keep the one with the lowest objective."""
+    runs = [run(r) for r in range(restarts)]
+    r = min(range(restarts), key=lambda i: runs[i][0])
+    return Solution(runs[r][1], runs[r][0], r, sum(n for _, _, n in runs), [loss for loss, _, _ in runs])
 
 
 def _start(shape: tuple[int, ...], gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -40,38 +49,31 @@ def adam(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ..
          box: tuple[torch.Tensor, torch.Tensor] | None, signed: bool = False,
          progress: Progress | None = None) -> Solution:
     """Inverting Gradients' optimiser: Adam (on sign(∇x L) when ``signed``), step schedule, box projection."""
-    best: Solution | None = None
-    finals = []
-    total_iters = 0
-    for r in range(restarts):
+    milestones = sorted({max(1, int(iterations * f)) for f in (3 / 8, 5 / 8, 7 / 8)})
+
+    def run(r: int) -> Run:
         x = _start(shape, gen, device)
         _project(x, box)
         opt = torch.optim.Adam([x], lr=lr)
-        milestones = sorted({max(1, int(iterations * f)) for f in (3 / 8, 5 / 8, 7 / 8)})
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
-        run_best, run_x = float("inf"), x.detach().clone()
+        best, best_x, done = float("inf"), x.detach().clone(), 0
         for it in range(iterations):
-            opt.zero_grad(set_to_none=True)
             loss = objective(x)
-            value = float(loss.detach())
             if not torch.isfinite(loss):
                 break
-            if value < run_best:
-                run_best, run_x = value, x.detach().clone()
+            if float(loss.detach()) < best:
+                best, best_x = float(loss.detach()), x.detach().clone()
             (grad,) = torch.autograd.grad(loss, x)
             x.grad = grad.sign() if signed else grad
             opt.step()
             sched.step()
             _project(x, box)
-            total_iters += 1
+            done = it + 1
             if progress is not None:
-                progress(r, it + 1, iterations, run_best)
-        finals.append(run_best)
-        if best is None or run_best < best.loss:
-            best = Solution(run_x, run_best, r, 0, [])
-    assert best is not None
-    best.iterations_run, best.losses = total_iters, finals
-    return best
+                progress(r, done, iterations, best)
+        return best, best_x, done
+
+    return _best_of(restarts, run)
 
 
 def lbfgs(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...], iterations: int,
@@ -82,44 +84,39 @@ def lbfgs(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, .
     DLG's code runs L-BFGS without a line search; with seed 000's feature term that overshoots into the
     saturated region of sigmoid networks (the loss jumps ×7 and the gradient vanishes), so gleak always
     searches the step length."""
-    best: Solution | None = None
-    finals = []
-    total_iters = 0
-    for r in range(restarts):
+
+    def run(r: int) -> Run:
         x = _start(shape, gen, device)
         opt = torch.optim.LBFGS([x], lr=lr, line_search_fn="strong_wolfe")
-        run_best, run_x = float("inf"), x.detach().clone()
-        state = {"bad": False}
+        bad = False
 
-        def closure(x: torch.Tensor = x, opt: torch.optim.LBFGS = opt, state: dict = state) -> torch.Tensor:
+        def closure() -> torch.Tensor:
+            nonlocal bad
             opt.zero_grad(set_to_none=True)
             loss = objective(x)
             if not torch.isfinite(loss):
-                state["bad"] = True
-                return loss.detach()  # L-BFGS then stops on its own
-            (x.grad,) = torch.autograd.grad(loss, x)
+                bad = True  # L-BFGS then stops on its own
+            else:
+                (x.grad,) = torch.autograd.grad(loss, x)
             return loss.detach()
 
+        best, best_x, done = float("inf"), x.detach().clone(), 0
         for it in range(iterations):
             before = x.detach().clone()
-            loss = opt.step(closure)
-            value = float(loss) if loss is not None else float("nan")
-            if state["bad"] or value != value:
+            value = float(opt.step(closure))  # the objective at ``before``
+            if bad or value != value:
                 break
-            if value < run_best:
-                run_best, run_x = value, before
-            total_iters += 1
+            if value < best:
+                best, best_x = value, before
+            done = it + 1
             if progress is not None:
-                progress(r, it + 1, iterations, run_best)
+                progress(r, done, iterations, best)
             if value == 0.0:
                 break
         # the final iterate has not been scored yet (the objective differentiates, so no torch.no_grad here)
-        final = float(objective(x).detach()) if not state["bad"] else float("inf")
-        if final < run_best:
-            run_best, run_x = final, x.detach().clone()
-        finals.append(run_best)
-        if best is None or run_best < best.loss:
-            best = Solution(run_x, run_best, r, 0, [])
-    assert best is not None
-    best.iterations_run, best.losses = total_iters, finals
-    return best
+        final = float(objective(x).detach()) if not bad else float("inf")
+        if final < best:
+            best, best_x = final, x.detach().clone()
+        return best, best_x, done
+
+    return _best_of(restarts, run)
