@@ -22,14 +22,16 @@ from safetensors import safe_open
 from torch import nn
 
 from gleak import __version__
-from gleak.errors import GleakError
-from gleak.io import file_sha256, save_safetensors, tensors_sha256
+from gleak.errors import GleakError, shorten
+from gleak.io import check_input_file, file_sha256, save_safetensors, show, tensors_sha256
 from gleak.losses import LossSpec, client_loss
 
 SCHEMA_VERSION = 1
 KINDS = ("gradient", "update")
 TRUTH_KIND = "truth"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_INPUT_ELEMENTS = 1 << 24  # values in one example (C·H·W); ImageNet at 3×224×224 is 150,528
+SHA256_HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Field:
     doc: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    maximum: float | None = None
+    positive: bool = False  # numbers (or every list element) must be > 0
 
 
 SCHEMA: dict[str, Field] = {
@@ -47,19 +51,21 @@ SCHEMA: dict[str, Field] = {
     "gleak.schema_version": Field("int", "capture format version", minimum=1),
     "gleak.kind": Field("enum", "gradient = dL/dθ of one step; update = θ_local − θ_global",
                         (*KINDS, TRUTH_KIND)),
-    "gleak.batch_size": Field("int", "examples per local step (B)", minimum=1),
-    "gleak.num_examples": Field("int", "examples behind the contribution (m·B for m steps)", minimum=1),
-    "gleak.local_steps": Field("int", "local optimizer steps (m); 1 for FedSGD", minimum=1),
+    "gleak.batch_size": Field("int", "examples per local step (B)", minimum=1, maximum=65_536),
+    "gleak.num_examples": Field("int", "examples behind the contribution (m·B for m steps)", minimum=1,
+                                maximum=2**32),
+    "gleak.local_steps": Field("int", "local optimizer steps (m); 1 for FedSGD", minimum=1, maximum=100_000),
     "gleak.learning_rate": Field("float", "client learning rate η", minimum=0),
     "gleak.optimizer": Field("enum", "client optimizer", ("sgd", "sgdm", "nag", "adam")),
-    "gleak.momentum": Field("float", "momentum of sgdm / nag", minimum=0),
+    "gleak.momentum": Field("float", "momentum of sgdm / nag", minimum=0, maximum=0.999999),
     "gleak.weight_decay": Field("float", "L2 weight decay of the optimizer", minimum=0),
     "gleak.loss": Field("enum", "training loss", ("cross_entropy", "focal", "bce")),
     "gleak.loss.reduction": Field("enum", "reduction over the batch", ("mean", "sum")),
     "gleak.focal.gamma": Field("float", "focal-loss focusing parameter γ", minimum=0),
     "gleak.focal.alpha": Field("float", "focal-loss weight α", minimum=0),
-    "gleak.temperature": Field("float", "softmax temperature τ (logits / τ)", minimum=0),
-    "gleak.label_smoothing": Field("float", "label smoothing ε: y = (1 − ε)·onehot + ε/C", minimum=0),
+    "gleak.temperature": Field("float", "softmax temperature τ (logits / τ)", positive=True),
+    "gleak.label_smoothing": Field("float", "label smoothing ε: y = (1 − ε)·onehot + ε/C", minimum=0,
+                                   maximum=0.999999),
     "gleak.mixup": Field("json", "mixup settings, e.g. {\"ratio\": 0.3} or {\"ratio\": null} (drawn U(0,1))"),
     "gleak.fl.scheme": Field("enum", "federated scheme",
                              ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc")),
@@ -69,11 +75,12 @@ SCHEMA: dict[str, Field] = {
                               "(RLU Table 1)"),
     "gleak.fl.round": Field("int", "federated round", minimum=0),
     "gleak.fl.client_id": Field("str", "client identifier"),
-    "gleak.num_classes": Field("int", "number of classes C", minimum=1),
-    "gleak.input_shape": Field("int_list", "input shape (C, H, W) without the batch"),
+    "gleak.num_classes": Field("int", "number of classes C", minimum=1, maximum=1_000_000),
+    "gleak.input_shape": Field("int_list", "input shape (C, H, W) without the batch", positive=True),
     "gleak.data.mean": Field("float_list", "per-channel normalisation mean"),
-    "gleak.data.std": Field("float_list", "per-channel normalisation std"),
-    "gleak.model.sha256": Field("str", "sha256 of the global model's weights (gleak.io.tensors_sha256)"),
+    "gleak.data.std": Field("float_list", "per-channel normalisation std", positive=True),
+    "gleak.model.sha256": Field("sha256", "sha256 of the global model's tensors (docs/capture-format.md, "
+                                "gleak.io.tensors_sha256)"),
     "gleak.model.train_mode": Field("bool", "model in train mode (BatchNorm/Dropout) during the step"),
     "gleak.batch.composition": Field("str", "how the batch labels were drawn"),
     "gleak.defense": Field("json", "defense applied to the contribution"),
@@ -81,7 +88,7 @@ SCHEMA: dict[str, Field] = {
     "gleak.producer": Field("str", "what wrote the file"),
     "gleak.created_at": Field("str", "ISO-8601 creation time"),
     "gleak.seed": Field("int", "seed of the simulation that produced the file"),
-    "gleak.capture.sha256": Field("str", "truth files: sha256 of the capture file they belong to"),
+    "gleak.capture.sha256": Field("sha256", "truth files: sha256 of the bytes of the capture file they belong to"),
 }
 
 
@@ -91,12 +98,20 @@ def _parse_value(key: str, raw: str) -> Any:
         "int": "an integer", "float": "a number", "bool": "true or false", "json": "JSON",
         "int_list": "a JSON list of integers", "float_list": "a JSON list of numbers",
         "str_list": "a JSON list of strings", "str": "a string",
-        "enum": "one of " + ", ".join(spec.choices),
+        "sha256": "64 lower-case hex digits", "enum": "one of " + ", ".join(spec.choices),
     }[spec.type]
-    bad = GleakError(f"metadata key '{key}' has value {raw[:80]!r}; expected {expected}")
+    if spec.positive:
+        expected += " (> 0)"
+    bad = GleakError(f"metadata key '{key}' has value {shorten(repr(raw), 80)}; expected {expected}")
+    if len(raw) > MAX_META_VALUE and spec.type != "str":
+        raise bad
     value: Any
     try:
         if spec.type == "str":
+            value = raw
+        elif spec.type == "sha256":
+            if len(raw) != 64 or not set(raw) <= SHA256_HEX:
+                raise bad
             value = raw
         elif spec.type == "enum":
             if raw not in spec.choices:
@@ -126,14 +141,37 @@ def _parse_value(key: str, raw: str) -> Any:
                         raise bad
     except (ValueError, TypeError, RecursionError):
         raise bad from None
-    if spec.minimum is not None and isinstance(value, int | float) and value < spec.minimum:
-        raise GleakError(f"metadata key '{key}' is {value}; it must be ≥ {spec.minimum:g}")
+    numbers = value if isinstance(value, list) else [value]
+    for v in numbers:
+        if not isinstance(v, int | float) or isinstance(v, bool):
+            continue
+        if spec.minimum is not None and v < spec.minimum:
+            raise GleakError(f"metadata key '{key}' is {shorten(raw, 60)}; it must be ≥ {spec.minimum:g}")
+        if spec.maximum is not None and v > spec.maximum:
+            raise GleakError(f"metadata key '{key}' is {shorten(raw, 60)}; it must be ≤ {spec.maximum:g}")
+        if spec.positive and not v > 0:
+            raise GleakError(f"metadata key '{key}' is {shorten(raw, 60)}; every value must be > 0")
+    if key == "gleak.input_shape":
+        check_input_shape(value, f"metadata key '{key}'")
     return value
+
+
+MAX_META_VALUE = 1 << 20  # characters of one typed metadata value
+
+
+def check_input_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    """A (C, H, W)-like shape of positive sizes with at most :data:`MAX_INPUT_ELEMENTS` values per example."""
+    if not shape or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+        raise GleakError(f"{what} must be a non-empty list of positive sizes, got {shorten(str(list(shape)), 60)}")
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise GleakError(f"{what} {shorten(str(list(shape)), 60)} has {math.prod(shape):,} values per example, "
+                         f"more than the {MAX_INPUT_ELEMENTS:,} gleak accepts")
+    return tuple(shape)
 
 
 def _format_value(key: str, value: Any) -> str:
     spec = SCHEMA.get(key)
-    if spec is None or spec.type in ("str", "enum"):
+    if spec is None or spec.type in ("str", "enum", "sha256"):
         return str(value)
     if spec.type == "bool":
         return "true" if value else "false"
@@ -233,6 +271,25 @@ class Truth:
         """Class index per example (argmax for soft labels)."""
         return self.labels.argmax(dim=1) if self.soft else self.labels
 
+    def check(self, num_classes: int, examples: int | None, where: str = "ground truth") -> None:
+        """Labels must fit the model: class indices in [0, C), soft labels [N, C] that are distributions, and
+        as many labels as the capture has examples. Checked once, where the truth is read."""
+        labels = self.labels
+        if self.soft:
+            if labels.shape[1] != num_classes:
+                raise GleakError(f"{where}: soft labels have {labels.shape[1]} columns, the model has "
+                                 f"{num_classes} classes")
+            sums = labels.double().sum(1)
+            if bool((labels < -1e-6).any()) or bool(((sums - 1).abs() > 1e-3).any()):
+                raise GleakError(f"{where}: soft labels must be non-negative and sum to 1 per example")
+        elif labels.numel():
+            low, high = int(labels.min()), int(labels.max())
+            if low < 0 or high >= num_classes:
+                raise GleakError(f"{where}: label {low if low < 0 else high} is outside the model's classes "
+                                 f"0 … {num_classes - 1}")
+        if examples is not None and labels.shape[0] != examples:
+            raise GleakError(f"{where}: holds {labels.shape[0]} labels, the capture {examples} examples")
+
     def counts(self, num_classes: int) -> torch.Tensor:
         """Examples per class; soft labels count their mass (Σ_n y_nc)."""
         if self.soft:
@@ -286,13 +343,9 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, n
 
 
-def read_safetensors(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read_safetensors(path: str | Path, what: str = "file") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read every tensor and the raw metadata of a safetensors file, with readable errors."""
-    p = Path(path)
-    if not p.exists():
-        raise GleakError(f"{p}: no such file")
-    if p.is_dir():
-        raise GleakError(f"{p}: is a directory, expected a .safetensors file")
+    p = check_input_file(path, what)
     header, _ = _read_header(p)
     try:
         tensors: dict[str, torch.Tensor] = {}
@@ -326,7 +379,7 @@ def check_finite(tensors: Mapping[str, torch.Tensor], what: str = "tensor") -> N
 def load_capture(path: str | Path) -> Capture:
     """Read and validate a capture file (framing, metadata types, kind, finite values)."""
     p = Path(path)
-    tensors, raw_meta = read_safetensors(p)
+    tensors, raw_meta = read_safetensors(p, "capture")
     known, extra = parse_metadata(raw_meta)
     kind = known.get("gleak.kind")
     if kind is None:
@@ -362,6 +415,36 @@ def validate_against_model(capture: Capture, model: nn.Module) -> None:
             raise GleakError(
                 f"shape mismatch for '{name}': capture has {list(t.shape)}, model has {list(expected)}"
             )
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """Whether the model given is the one the capture was made with (``gleak.model.sha256``)."""
+
+    status: str  # match | not_recorded | mismatch_allowed
+    recorded: str | None
+    actual: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "recorded_sha256": self.recorded, "model_sha256": self.actual}
+
+
+def check_model_hash(capture: Capture, weights_sha256: str, allow_mismatch: bool = False) -> ModelCheck:
+    """Compare the capture's ``gleak.model.sha256`` with the model's tensors hash; a mismatch is refused.
+
+    An attack on other weights than the ones the client trained from silently gives wrong answers (RLU falls
+    from 1.000 to 0.250 on a re-initialised LeNet), so only an explicit override lets it run, and the reports
+    record the override."""
+    recorded = capture.get("gleak.model.sha256")
+    if recorded is None:
+        return ModelCheck("not_recorded", None, weights_sha256)
+    if recorded == weights_sha256:
+        return ModelCheck("match", recorded, weights_sha256)
+    if not allow_mismatch:
+        raise GleakError(f"the model's weights (sha256 {weights_sha256[:12]}…) are not the ones the capture was made "
+                         f"with (gleak.model.sha256 {recorded[:12]}…); pass the global model of that round, or "
+                         "--allow-model-mismatch to attack anyway (reports record it)")
+    return ModelCheck("mismatch_allowed", recorded, weights_sha256)
 
 
 def _names(names: Sequence[str], limit: int = 5) -> str:
@@ -414,7 +497,7 @@ def save_truth(truth: Truth, path: str | Path, capture_path: str | Path | None =
 def load_truth(path: str | Path, capture: Capture | None = None) -> Truth:
     """Read a truth file; when ``capture`` has a path, check the file belongs to it."""
     p = Path(path)
-    tensors, raw_meta = read_safetensors(p)
+    tensors, raw_meta = read_safetensors(p, "ground-truth file")
     known, extra = parse_metadata(raw_meta)
     if known.get("gleak.kind") != TRUTH_KIND:
         raise GleakError(f"{p}: not a ground-truth file (gleak.kind is {known.get('gleak.kind')!r}, expected 'truth')")

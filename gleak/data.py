@@ -9,6 +9,7 @@ sub-folder per class (sorted names give the class indices).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,9 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from gleak.capture import read_safetensors
+from gleak.capture import MAX_INPUT_ELEMENTS, read_safetensors
 from gleak.errors import GleakError
-from gleak.io import save_safetensors
+from gleak.io import check_input_dir, check_input_file, save_safetensors
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -42,14 +43,29 @@ class Dataset:
         if self.labels.dim() != 1 or self.labels.shape[0] != self.images.shape[0]:
             raise GleakError(f"{self.source}: labels {list(self.labels.shape)} do not match "
                              f"images {list(self.images.shape)}")
-        if self.labels.numel() and int(self.labels.min()) < 0:
-            raise GleakError(f"{self.source}: labels must be non-negative class indices")
+        if self.images.shape[0] == 0:
+            raise GleakError(f"{self.source}: the data set holds no examples")
+        if int(self.labels.min()) < 0:
+            raise GleakError(f"{self.source}: labels must be non-negative class indices, found {int(self.labels.min())}")
+        if self.classes is not None and int(self.labels.max()) >= len(self.classes):
+            raise GleakError(f"{self.source}: label {int(self.labels.max())} has no name in gleak.data.classes "
+                             f"({len(self.classes)} names)")
+        if math.prod(self.images.shape[1:]) > MAX_INPUT_ELEMENTS:
+            raise GleakError(f"{self.source}: images of {list(self.images.shape[1:])} are larger than gleak accepts")
         channels = self.images.shape[1]
         for name, value in (("mean", self.mean), ("std", self.std)):
             if len(value) not in (1, channels):
                 raise GleakError(f"{self.source}: normalisation {name} has {len(value)} values for {channels} channels")
+        if not all(math.isfinite(v) for v in (*self.mean, *self.std)):
+            raise GleakError(f"{self.source}: normalisation mean and std must be finite numbers")
         if any(s <= 0 for s in self.std):
             raise GleakError(f"{self.source}: normalisation std must be > 0")
+
+    def check_classes(self, num_classes: int) -> None:
+        """Every label must be a class of the model (a label of 2^40 would otherwise size tensors by it)."""
+        high = int(self.labels.max())
+        if high >= num_classes:
+            raise GleakError(f"{self.source}: label {high} is outside the model's classes 0 … {num_classes - 1}")
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -97,7 +113,7 @@ def _floats(meta: dict[str, str], key: str, path: Path) -> tuple[float, ...] | N
         if isinstance(value, int | float):
             value = [value]
         return tuple(float(v) for v in value)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         raise GleakError(f"{path}: metadata key '{key}' must be a JSON list of numbers, got {meta[key]!r}") from None
 
 
@@ -105,9 +121,8 @@ def load_dataset(path: str | Path, mean: Sequence[float] | None = None, std: Seq
                  image_size: int | None = None) -> Dataset:
     """Load a safetensors dataset or an image folder; ``mean``/``std`` override the file's normalisation."""
     p = Path(path)
-    if not p.exists():
-        raise GleakError(f"{p}: no such file or folder")
-    ds = _load_image_folder(p, image_size) if p.is_dir() else _load_tensor_file(p)
+    ds = _load_image_folder(check_input_dir(p, "data folder"), image_size) if p.is_dir() else _load_tensor_file(
+        check_input_file(p, "data set"))
     if mean is not None:
         ds.mean = tuple(mean)
     if std is not None:
@@ -117,7 +132,7 @@ def load_dataset(path: str | Path, mean: Sequence[float] | None = None, std: Seq
 
 
 def _load_tensor_file(p: Path) -> Dataset:
-    tensors, meta = read_safetensors(p)
+    tensors, meta = read_safetensors(p, "data set")
     for name in ("images", "labels"):
         if name not in tensors:
             raise GleakError(f"{p}: a dataset file needs an '{name}' tensor (found: {', '.join(tensors) or 'none'})")
@@ -138,7 +153,7 @@ def _load_tensor_file(p: Path) -> Dataset:
     if "gleak.data.classes" in meta:
         try:
             classes = [str(c) for c in json.loads(meta["gleak.data.classes"])]
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             raise GleakError(f"{p}: metadata 'gleak.data.classes' must be a JSON list of names") from None
     channels = images.shape[1] if images.dim() == 4 else 1
     mean = _floats(meta, "gleak.data.mean", p) or (0.0,) * channels
@@ -156,11 +171,12 @@ def _load_image_folder(root: Path, image_size: int | None) -> Dataset:
         for f in sorted(d.iterdir()):
             if f.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
+            check_input_file(f, "image")
             try:
                 with Image.open(f) as im:
                     im.load()
                     pictures.append(im.copy())
-            except (UnidentifiedImageError, OSError) as e:
+            except (UnidentifiedImageError, OSError, Image.DecompressionBombError, ValueError) as e:
                 raise GleakError(f"{f}: cannot read image ({e})") from None
             labels.append(index)
     if not pictures:

@@ -7,3 +7,10 @@ class GleakError(Exception):
     """Bad input: an unreadable file, a mismatch, missing metadata. The CLI prints it in one line, exit 2."""
 
     exit_code = 2
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis and the full length, for error messages."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: max(limit - 30, 10)]}… ({len(text):,} characters)"

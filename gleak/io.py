@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
+import shutil
+import stat
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -14,16 +17,99 @@ from typing import BinaryIO
 
 import torch
 
-from gleak.errors import GleakError
+from gleak.errors import GleakError, shorten
+
+GIB = 1 << 30
+MAX_INPUT_BYTES = 16 * GIB  # a sanity bound on any one input file (models, captures, data sets, reports)
+MAX_JSON_BYTES = 64 << 20  # JSON inputs (label reports) are small
+
+
+def show(path: str | os.PathLike[str]) -> str:
+    """A path for an error message, cut when it is absurdly long."""
+    return shorten(str(path), 160)
+
+
+def _os_error(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def check_input_file(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_INPUT_BYTES) -> Path:
+    """``path`` must be an existing regular file (symlinks followed) of at most ``max_bytes``.
+
+    Named pipes, sockets and devices are refused before anything opens them (reading a FIFO blocks forever),
+    and the size is checked before anything reads the file."""
+    p = Path(path)
+    try:
+        info = p.stat()
+    except FileNotFoundError:
+        raise GleakError(f"{what} {show(p)}: no such file") from None
+    except OSError as exc:
+        raise GleakError(f"cannot read {what} {show(p)}: {_os_error(exc)}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise GleakError(f"{what} {show(p)} is a directory, expected a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise GleakError(f"{what} {show(p)} is not a regular file (a pipe, socket or device); gleak reads only "
+                         "regular files")
+    if info.st_size > max_bytes:
+        raise GleakError(f"{what} {show(p)} is {info.st_size / GIB:.1f} GiB, more than the "
+                         f"{max_bytes / GIB:.3g} GiB gleak accepts")
+    return p
+
+
+def check_input_dir(path: str | os.PathLike[str], what: str) -> Path:
+    p = Path(path)
+    try:
+        info = p.stat()
+    except OSError as exc:
+        raise GleakError(f"cannot read {what} {show(p)}: {_os_error(exc)}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise GleakError(f"{what} {show(p)} is not a folder")
+    return p
+
+
+def check_output_location(path: Path) -> None:
+    """Fail early (before any work) when ``path`` cannot be created: its nearest existing ancestor must be a
+    writable folder, and the name must be one the file system accepts."""
+    try:
+        ancestor = path.parent
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise GleakError(f"cannot write {show(path)}: {show(ancestor)} is a file, not a folder")
+        if not os.access(ancestor, os.W_OK):
+            raise GleakError(f"cannot write {show(path)}: {show(ancestor)} is not writable")
+        limit = os.pathconf(ancestor, "PC_NAME_MAX")
+    except OSError as exc:
+        raise GleakError(f"cannot write {show(path)}: {_os_error(exc)}") from None
+    long = next((part for part in path.parts if len(os.fsencode(part)) > limit), None)
+    if long is not None:
+        raise GleakError(f"cannot write {show(path)}: the name {shorten(long, 40)!r} is longer than the file "
+                         f"system allows ({limit} bytes)")
+
+
+def make_parent(path: Path) -> None:
+    """Create ``path``'s folder, turning OS failures (a file in the way, a read-only place) into one line."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GleakError(f"cannot create the folder for {show(path)}: {_os_error(exc)}") from None
+    if not path.parent.is_dir():
+        raise GleakError(f"cannot write {show(path)}: {show(path.parent)} is not a folder")
 
 
 def check_writable(path: Path, force: bool) -> None:
     """Refuse to overwrite ``path`` unless ``force``; make sure its folder exists."""
-    if path.exists() and not force:
-        raise GleakError(f"{path} already exists; pass --force (force=True) to overwrite it")
-    if path.exists() and path.is_dir():
-        raise GleakError(f"{path} is a directory, expected a file path")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        exists = path.exists()
+        is_dir = path.is_dir()
+    except OSError as exc:  # a file name longer than the system allows
+        raise GleakError(f"cannot write {show(path)}: {_os_error(exc)}") from None
+    if exists and is_dir:
+        raise GleakError(f"{show(path)} is a directory, expected a file path")
+    if exists and not force:
+        raise GleakError(f"{show(path)} already exists; pass --force (force=True) to overwrite it")
+    check_output_location(path)
+    make_parent(path)
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], force: bool = False) -> Path:
@@ -33,17 +119,98 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], fo
     """
     target = Path(path)
     check_writable(target, force)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=".gleak-", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise GleakError(f"cannot write {show(target)}: {_os_error(exc)}") from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
+    except OSError as exc:
+        raise GleakError(f"cannot write {show(target)}: {_os_error(exc)}") from None
     finally:
         if tmp.exists():
             tmp.unlink()
     return target
+
+
+class OutputSet:
+    """Several output files that appear together or not at all (e.g. a reconstruction's images + metrics).
+
+    Files are staged in a hidden folder beside their destination and renamed into place only by
+    :meth:`commit`; an exception inside the ``with`` block removes the staging folder, and a destination
+    folder that this run created is removed again, so a failed run leaves nothing behind."""
+
+    def __init__(self, folder: str | os.PathLike[str], force: bool = False) -> None:
+        self.folder = Path(folder)
+        self.force = force
+        self.created: Path | None = None
+        self.staging: Path | None = None
+        self.names: list[str] = []
+
+    def __enter__(self) -> OutputSet:
+        try:
+            if self.folder.exists() and not self.folder.is_dir():
+                raise GleakError(f"{show(self.folder)} exists and is not a folder")
+            if not self.folder.exists():
+                top = self.folder
+                while not top.parent.exists() and top.parent != top:
+                    top = top.parent
+                self.folder.mkdir(parents=True)
+                self.created = top
+            self.staging = Path(tempfile.mkdtemp(prefix=".gleak-", dir=self.folder))
+        except OSError as exc:
+            self._cleanup()
+            raise GleakError(f"cannot write into {show(self.folder)}: {_os_error(exc)}") from None
+        return self
+
+    def path(self, name: str) -> Path:
+        """Where to write ``name`` now (inside the staging folder)."""
+        assert self.staging is not None
+        target = self.folder / name
+        if target.exists() and not self.force:
+            raise GleakError(f"{show(target)} already exists; pass --force to overwrite it")
+        self.names.append(name)
+        return self.staging / name
+
+    def path_of(self, name: str) -> Path:
+        """The staged file of ``name`` (already written through :meth:`path`)."""
+        assert self.staging is not None
+        return self.staging / name
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        self.path(name).write_bytes(data)
+        return self.folder / name
+
+    def commit(self) -> list[Path]:
+        """Move every staged file into place; returns the final paths."""
+        assert self.staging is not None
+        done = []
+        try:
+            for name in self.names:
+                os.chmod(self.staging / name, 0o666 & ~_umask())
+                os.replace(self.staging / name, self.folder / name)
+                done.append(self.folder / name)
+        except OSError as exc:
+            for p in done:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            raise GleakError(f"cannot write into {show(self.folder)}: {_os_error(exc)}") from None
+        self.created = None  # success: keep the folder
+        return done
+
+    def _cleanup(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        if self.created is not None:
+            shutil.rmtree(self.created, ignore_errors=True)
+
+    def __exit__(self, *exc: object) -> None:
+        self._cleanup()
 
 
 def _umask() -> int:

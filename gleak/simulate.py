@@ -12,6 +12,7 @@ or drawn from U(0, 1) (seed 000 §5). The same seed gives bit-for-bit the same c
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ SCHEMES = ("fedsgd", "fedavg", "fedprox")
 OPTIMIZERS = ("sgd", "sgdm", "nag", "adam")
 COMPOSITIONS = ("uniform", "unique", "unbalanced", "dirichlet", "explicit")
 DIRICHLET_CLIENTS = 10
+MAX_HELD_VALUES = 1 << 28  # input values (float32: 1 GiB) a simulation keeps for its m·B examples
 
 
 @dataclass(frozen=True)
@@ -194,9 +196,19 @@ def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
                     device: torch.device | str = "cpu") -> tuple[Capture, Truth]:
     """Run the client on ``data`` starting from ``model`` (left unchanged); return capture and truth."""
     device = torch.device(device)
+    if config.batch_size > len(data):
+        raise GleakError(f"a batch of {config.batch_size} examples needs at least that many; the data has {len(data)}")
+    held = config.batch_size * config.local_steps * math.prod(data.input_shape)
+    if held > MAX_HELD_VALUES:
+        raise GleakError(f"{config.local_steps} steps × B = {config.batch_size} hold {held:,} input values "
+                         f"(the capture's ground truth keeps every example); at most {MAX_HELD_VALUES:,} are allowed")
     global_model = copy.deepcopy(model).to(device)
-    with torch.no_grad():
-        probe = global_model.eval()(data.batch([0])[0].to(device))
+    try:
+        with torch.no_grad():
+            probe = global_model.eval()(data.batch([0])[0].to(device))
+    except Exception as exc:
+        why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise GleakError(f"the model cannot run on the data's inputs {list(data.input_shape)}: {why[:160]}") from None
     if probe.dim() != 2:
         raise GleakError(f"the model's output has shape {list(probe.shape)}; expected [N, classes]")
     num_classes = int(probe.shape[1])

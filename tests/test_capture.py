@@ -167,7 +167,8 @@ def test_validate_against_model_missing_extra_and_shape() -> None:
 
 def test_metadata_schema_round_trip_every_key() -> None:
     samples = {"str": "x", "enum": None, "int": 3, "float": 0.25, "bool": True, "int_list": [1, 28, 28],
-               "float_list": [0.5, 0.25], "str_list": ["bn.running_mean"], "json": {"ratio": 0.3}}
+               "float_list": [0.5, 0.25], "str_list": ["bn.running_mean"], "json": {"ratio": 0.3},
+               "sha256": "ab" * 32}
     typed = {}
     for key, field in SCHEMA.items():
         typed[key] = field.choices[0] if field.type == "enum" else samples[field.type]

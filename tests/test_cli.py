@@ -60,8 +60,10 @@ def test_inspect_without_model_guesses_from_tensor_names(gleak) -> None:
 
 
 def test_inspect_fc_layer_override(gleak) -> None:
-    r = gleak("inspect", FEDSGD, "--model", LENET, "--fc-layer", "fc2", "--format", "json")
-    assert r.exit_code == 0 and json.loads(r.stdout)["last_layer"]["weight_shape"] == [84, 120]
+    r = gleak("inspect", FEDSGD, "--model", LENET, "--fc-layer", "fc3", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["last_layer"]["weight_shape"] == [10, 84]
+    assert "override" in json.loads(r.stdout)["last_layer"]["reason"]
+    assert_clean_error(gleak("inspect", FEDSGD, "--model", LENET, "--fc-layer", "fc2"), "fc2", "fc3.weight")
     assert_clean_error(gleak("inspect", FEDSGD, "--model", LENET, "--fc-layer", "nope"), "--fc-layer", "fc3.weight")
 
 
@@ -169,7 +171,7 @@ def test_bad_model_inputs(gleak, tmp_path: Path) -> None:
     assert_clean_error(gleak("inspect", FEDSGD, "--model", junk), "not a recognised model file")
     assert_clean_error(gleak("inspect", FEDSGD, "--model", LENET, "--arch", "nosuchnet"), "nosuchnet")
     assert_clean_error(gleak("inspect", FEDSGD, "--model", LENET, "--arch-kwargs", "{bad"), "not valid JSON")
-    assert_clean_error(gleak("inspect", FEDSGD, "--model", tmp_path / "none.pt"), "does not exist")
+    assert_clean_error(gleak("inspect", FEDSGD, "--model", tmp_path / "none.pt"), "no such file")
     assert_clean_error(gleak("inspect", FEDSGD, "--format", "xml"), "--format must be table or json")
     pickled = tmp_path / "whole.pt"
     torch.save(torch.nn.Linear(2, 2), pickled)

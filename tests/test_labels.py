@@ -241,8 +241,8 @@ def test_cli_labels_bad_inputs(gleak, tmp_path: Path) -> None:
         (["-a", "nope"], "unknown attack 'nope'"),
         (["--aux", CIFAR], "auxiliary data has inputs [3, 32, 32]"),
         (["--aux", tmp_path / "none.safetensors"], "no such file"),
-        (["--truth", tmp_path / "none.safetensors"], "no such ground-truth file"),
-        (["--batch-size", "0"], "--batch-size must be ≥ 1"),
+        (["--truth", tmp_path / "none.safetensors"], "ground-truth file"),
+        (["--batch-size", "0"], "must be a finite number ≥ 1"),
         (["--format", "yaml"], "--format must be table or json"),
     ):
         r = gleak("labels", FEDSGD, "--model", LENET, *args)

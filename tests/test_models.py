@@ -256,12 +256,16 @@ def test_torchscript_lenet(tmp_path: Path) -> None:
 
 def test_override_by_module_name_and_weight_key() -> None:
     model = build_zoo_model("lenet")
+    # without an input shape nothing can be traced: the override is taken, marked unverified
     by_name = find_last_layer(model, override="fc2")
-    by_key = find_last_layer(model, override="fc2.weight", input_shape=(1, 28, 28))
-    for layer in (by_name, by_key):
-        assert (layer.name, layer.weight_key, layer.bias_key) == ("fc2", "fc2.weight", "fc2.bias")
-        assert (layer.num_classes, layer.feature_dim) == (84, 120)
-        assert "override" in layer.reason
+    assert (by_name.name, by_name.weight_key, by_name.bias_key) == ("fc2", "fc2.weight", "fc2.bias")
+    assert (by_name.num_classes, by_name.feature_dim) == (84, 120)
+    assert "override" in by_name.reason and "not verified" in by_name.reason
+    # traced: only the layer whose output is the logits may be chosen
+    by_key = find_last_layer(model, override="fc3.weight", input_shape=(1, 28, 28))
+    assert (by_key.weight_key, by_key.num_classes) == ("fc3.weight", 10) and "override" in by_key.reason
+    with pytest.raises(GleakError, match=r"'fc2.weight'.*not the layer that produces.*'fc3.weight'"):
+        find_last_layer(model, override="fc2.weight", input_shape=(1, 28, 28))
 
 
 def test_bad_override_lists_candidates() -> None:
@@ -366,7 +370,7 @@ def test_state_dict_mismatches_are_reported(tmp_path: Path) -> None:
 
 
 def test_bad_inputs_are_gleak_errors(tmp_path: Path) -> None:
-    with pytest.raises(GleakError, match="does not exist"):
+    with pytest.raises(GleakError, match="no such file"):
         load_model(tmp_path / "nope.safetensors")
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"\x00\x01not a model at all" * 20)

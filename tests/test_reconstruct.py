@@ -315,7 +315,7 @@ def test_cli_reconstruct_smoothing_sample_table(tmp_path, gleak) -> None:
     (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--attack", "fcn"], ["fcn does not apply", "Conv2d"]),
     (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--attack", "llg"], ["labels attack"]),
     (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--attack", "nope"], ["unknown attack"]),
-    (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--labels", "{out}.json"], ["no such labels file"]),
+    (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--labels", "{out}.json"], ["labels report", "no such file"]),
     (["reconstruct", SMOOTHING, "-o", "{out}"], ["needs the global model"]),
     (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--lpips", "squeeze"], ["--lpips"]),
     (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--restarts", "0"], ["--restarts"]),

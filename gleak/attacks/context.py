@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from gleak.attacks.base import Requirements
-from gleak.capture import Capture, validate_against_model
+from gleak.capture import Capture, ModelCheck, check_model_hash, validate_against_model
 from gleak.data import Dataset
-from gleak.errors import GleakError
+from gleak.errors import GleakError, shorten
+from gleak.io import tensors_sha256
 from gleak.losses import LossSpec
 from gleak.models import LastLayer, LoadedModel, find_last_layer, guess_last_layer
 
@@ -42,6 +43,7 @@ class Context:
     gradient_note: str | None = None
     no_gradient_reason: str | None = None
     no_forward_reason: str | None = None
+    model_check: ModelCheck | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -250,16 +252,47 @@ def _gradient_view(capture: Capture, layer: LastLayer, batch_size: int | None,
     return gw, gb, transform.note, None
 
 
+def probe_input_shape(module: nn.Module, shape: tuple[int, ...]) -> None:
+    """The capture's ``gleak.input_shape`` must be an input the model runs on: one forward of one example.
+
+    Programs with a fixed graph (TorchScript, torch.export) are left to their own loaders' checks."""
+    if isinstance(module, torch.jit.ScriptModule | torch.fx.GraphModule):
+        return
+    first = next(iter(module.parameters()), None)
+    dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32
+    modes = {m: m.training for m in module.modules()}
+    try:
+        module.eval()
+        with torch.no_grad():
+            module(torch.zeros((1, *shape), dtype=dtype, device=first.device if first is not None else "cpu"))
+    except Exception as exc:
+        why = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise GleakError(f"the model cannot run on the capture's gleak.input_shape {list(shape)}: "
+                         f"{shorten(why, 160)}") from None
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
 def build_context(capture: Capture, model: LoadedModel | None = None, aux: Dataset | None = None,
                   device: torch.device | str = "cpu", seed: int = 0, fc_layer: str | None = None,
-                  batch_size: int | None = None, loss: LossSpec | None = None) -> Context:
-    """Validate model vs capture, find the last layer, form the gradient view; attacks then read only this."""
+                  batch_size: int | None = None, loss: LossSpec | None = None,
+                  allow_model_mismatch: bool = False) -> Context:
+    """Validate model vs capture, find the last layer, form the gradient view; attacks then read only this.
+
+    A model whose weights differ from the capture's ``gleak.model.sha256`` is refused unless
+    ``allow_model_mismatch`` (the result is recorded in ``Context.model_check``)."""
     device = torch.device(device)
     module = None
     no_forward = None
+    model_check = None
     input_shape = capture.input_shape
     if model is not None:
         validate_against_model(capture, model.module)
+        model_check = check_model_hash(capture, model.weights_sha256 or tensors_sha256(model.module.state_dict()),
+                                       allow_model_mismatch)
+        if input_shape is not None and capture.input_shape is not None:
+            probe_input_shape(model.module, input_shape)
         input_shape = input_shape or model.input_shape
         layer = find_last_layer(model.module, capture.tensors, input_shape=input_shape, override=fc_layer)
         module = model.module.to(device).eval()
@@ -273,12 +306,13 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
         no_forward = "needs the model (--model)"
     if aux is not None and input_shape is not None and tuple(aux.input_shape) != tuple(input_shape):
         raise GleakError(f"auxiliary data has inputs {list(aux.input_shape)}, the model expects {list(input_shape)}")
-    if aux is not None and aux.num_classes > layer.num_classes:
-        raise GleakError(f"auxiliary data has {aux.num_classes} classes, the model has {layer.num_classes}")
+    if aux is not None:
+        aux.check_classes(layer.num_classes)
     b = batch_size or capture.batch_size
     loss = loss or LossSpec.from_metadata(capture.meta)
     gw, gb, note, reason = _gradient_view(capture, layer, b, loss)
     return Context(capture=capture, layer=layer, model=module, num_classes=layer.num_classes, batch_size=b,
                    local_steps=capture.local_steps, loss=loss, aux=aux, device=device, seed=seed,
                    input_shape=tuple(input_shape) if input_shape else None, grad_weight=gw, grad_bias=gb,
-                   gradient_note=note, no_gradient_reason=reason, no_forward_reason=no_forward)
+                   gradient_note=note, no_gradient_reason=reason, no_forward_reason=no_forward,
+                   model_check=model_check)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gleak.cli.attacks_cmd import attacks
+from gleak.cli.common import GleakGroup
 from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
 from gleak.cli.reconstruct_cmd import reconstruct
@@ -12,6 +13,7 @@ from gleak.cli.simulate_cmd import simulate
 
 app = typer.Typer(
     name="gleak",
+    cls=GleakGroup,
     help="Audit how much private training data a federated-learning client leaks in its gradients or updates.",
     no_args_is_help=True,
     add_completion=False,

@@ -5,17 +5,21 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer._click import exceptions as click_exceptions
+from typer.core import TyperGroup
 
-from gleak.errors import GleakError
+from gleak.errors import GleakError, shorten
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -33,15 +37,79 @@ TrustPickleOpt = Annotated[bool, typer.Option("--trust-pickle", help="Allow load
 FcLayerOpt = Annotated[str | None, typer.Option("--fc-layer", help="Name of the last fully-connected layer "
                                                 "(overrides detection).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
-SeedOpt = Annotated[int, typer.Option(help="Seed for every stochastic step.")]
+MAX_SEED = 2**63 - 1
+MAX_BATCH = 65_536  # the capture schema's bounds on gleak.batch_size and gleak.local_steps
+MAX_STEPS = 100_000
+MAX_MESSAGE = 600  # characters of one error line; longer ones are cut (a 1 MB option value is never echoed)
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False) -> Callable[[Any, Any, Any], Any]:
+    """A Typer callback that accepts a finite number within [low, high] (open ends as asked), or None.
+
+    Click's own ranges let NaN through (every comparison with NaN is false), so every numeric option of gleak
+    is checked here instead: one line, naming the option and the range."""
+
+    def check(ctx: Any, param: Any, value: Any) -> Any:
+        if value is None or ctx.resilient_parsing:
+            return value
+        lo = "" if low is None else ("> " if low_open else "≥ ") + _bound(low)
+        hi = "" if high is None else ("< " if high_open else "≤ ") + _bound(high)
+        expected = " and ".join(x for x in (lo, hi) if x) or "finite"
+        bad = not math.isfinite(value) or (
+            low is not None and (value < low or (low_open and value == low))) or (
+            high is not None and (value > high or (high_open and value == high)))
+        if bad:
+            raise typer.BadParameter(f"must be a finite number {expected}, got {shorten(str(value), 40)}")
+        return value
+
+    return check
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+SeedOpt = Annotated[int, typer.Option(help="Seed for every stochastic step (0 … 2^63 − 1).",
+                                      callback=number(0, MAX_SEED))]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only results and errors.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail; tracebacks on internal errors.")]
+AllowMismatchOpt = Annotated[bool, typer.Option(
+    "--allow-model-mismatch", help="Attack even when the model's weights are not the ones the capture records "
+    "(gleak.model.sha256); reports record it.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
 
 
 def fail(message: str) -> None:
-    """Print one error line on stderr."""
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    """Print exactly one error line on stderr (newlines folded, very long messages cut)."""
+    line = " ".join(str(message).split())
+    err_console.print(f"[bold red]error:[/] {escape(shorten(line, MAX_MESSAGE))}", soft_wrap=True, emoji=False)
+
+
+class GleakGroup(TyperGroup):
+    """The command group: Click's usage errors (bad option values, unknown options, missing arguments) become
+    one ``error:`` line on stderr and exit 2, like every other bad input, instead of a multi-line panel."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_exceptions.NoArgsIsHelpError as e:
+            typer.echo(e.ctx.get_help() if e.ctx is not None else str(e))
+            sys.exit(0)
+        except click_exceptions.ClickException as e:
+            hint = ""
+            ctx = getattr(e, "ctx", None)
+            if isinstance(e, click_exceptions.UsageError) and ctx is not None:
+                hint = f" (see '{ctx.command_path} --help')"
+            fail(e.format_message() + hint)
+            sys.exit(2)
+        except typer.Abort:
+            fail("aborted")
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def handle_errors(fn: F) -> F:
@@ -62,6 +130,9 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(130) from None
         except MemoryError:
             fail("out of memory; try a smaller batch or --device cpu")
+            raise typer.Exit(2) from None
+        except RecursionError:
+            fail("input nested too deeply to read (a JSON value or a model structure)")
             raise typer.Exit(2) from None
         except Exception as e:
             if kwargs.get("verbose"):

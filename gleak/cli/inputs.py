@@ -24,7 +24,8 @@ class Inputs:
 
 def open_inputs(capture: Path, model: Path | None, arch: str | None, arch_kwargs: str | None, trust_pickle: bool,
                 aux: Path | None, truth: Path | None, no_truth: bool, fc_layer: str | None, device: str, seed: int,
-                batch_size: int | None, loss_overrides: dict[str, Any] | None = None) -> Inputs:
+                batch_size: int | None, loss_overrides: dict[str, Any] | None = None,
+                allow_model_mismatch: bool = False) -> Inputs:
     """Load and validate everything; ``loss_overrides`` (LossSpec field -> value) beat the capture's metadata."""
     cap = load_capture(capture)
     loaded = load_model(model, arch, arch_kwargs, trust_pickle) if model is not None else None
@@ -35,9 +36,11 @@ def open_inputs(capture: Path, model: Path | None, arch: str | None, arch_kwargs
     overrides = {k: v for k, v in (loss_overrides or {}).items() if v is not None}
     if overrides:
         loss = replace(loss, **overrides)  # validates through LossSpec.__post_init__
-    ctx = build_context(cap, loaded, aux_data, resolve_device(device), seed, fc_layer, batch_size, loss)
+    ctx = build_context(cap, loaded, aux_data, resolve_device(device), seed, fc_layer, batch_size, loss,
+                        allow_model_mismatch)
     truth_file = None if no_truth else (truth or (truth_path_for(capture) if truth_path_for(capture).exists()
                                                   else None))
-    if truth is not None and not truth.exists():
-        raise GleakError(f"{truth}: no such ground-truth file")
-    return Inputs(ctx, load_truth(truth_file, cap) if truth_file else None, truth_file)
+    loaded_truth = load_truth(truth_file, cap) if truth_file else None
+    if loaded_truth is not None:
+        loaded_truth.check(ctx.num_classes, ctx.total_examples, f"ground truth {truth_file}")
+    return Inputs(ctx, loaded_truth, truth_file)

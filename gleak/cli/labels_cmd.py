@@ -13,6 +13,8 @@ from rich.table import Table
 from gleak.attacks.base import AttackResult
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.cli.common import (
+    MAX_BATCH,
+    AllowMismatchOpt,
     ArchKwargsOpt,
     ArchOpt,
     DeviceOpt,
@@ -25,14 +27,16 @@ from gleak.cli.common import (
     console,
     err_console,
     handle_errors,
+    number,
     print_json,
 )
 from gleak.cli.inputs import open_inputs
-from gleak.errors import GleakError
-from gleak.io import write_text_atomic
+from gleak.errors import GleakError, shorten
+from gleak.io import check_writable, write_text_atomic
 from gleak.metrics.labels import chance_scores, truth_counts
 
 SHOWN = 12
+AUGMENTATIONS = ("auto", "smoothing", "mixup")
 
 
 def compact(counts: torch.Tensor | list[int], limit: int = SHOWN) -> str:
@@ -54,6 +58,7 @@ def report(inputs: Any, results: list[AttackResult], counts: torch.Tensor | None
                  "label_smoothing": ctx.loss.label_smoothing, "focal_gamma": ctx.loss.focal_gamma,
                  "focal_alpha": ctx.loss.focal_alpha},
         "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
+        "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
         "truth_counts": counts.tolist() if counts is not None else None,
         "chance": chance_scores(counts) if counts is not None else None,
         "results": [r.to_json() for r in results],
@@ -146,19 +151,25 @@ def labels(
     truth: Annotated[Path | None, typer.Option(help="Ground-truth file; default: NAME.truth.safetensors "
                                                "next to the capture, when present.")] = None,
     no_truth: Annotated[bool, typer.Option("--no-truth", help="Ignore any ground truth.")] = False,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.",
+                                                   callback=number(1, MAX_BATCH))] = None,
     loss: Annotated[str | None, typer.Option(help="Override the capture's loss: cross_entropy, focal, bce.")] = None,
-    focal_gamma: Annotated[float | None, typer.Option(help="Override focal γ.")] = None,
-    focal_alpha: Annotated[float | None, typer.Option(help="Override focal α.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="Override the softmax temperature τ.")] = None,
-    label_smoothing: Annotated[float | None, typer.Option(help="Override label smoothing ε.")] = None,
-    augmentation: Annotated[str, typer.Option(help="softlabel: auto (try both), smoothing or mixup.")] = "auto",
+    focal_gamma: Annotated[float | None, typer.Option(help="Override focal γ (≥ 0).", callback=number(0))] = None,
+    focal_alpha: Annotated[float | None, typer.Option(help="Override focal α (> 0).",
+                                                      callback=number(0, low_open=True))] = None,
+    temperature: Annotated[float | None, typer.Option(help="Override the softmax temperature τ (> 0).",
+                                                      callback=number(0, low_open=True))] = None,
+    label_smoothing: Annotated[float | None, typer.Option(help="Override label smoothing ε (0 ≤ ε < 1).",
+                                                          callback=number(0, 1, high_open=True))] = None,
+    augmentation: Annotated[str | None, typer.Option(help="softlabel: auto (try both, the default), smoothing or "
+                                                     "mixup.")] = None,
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here.")] = None,
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
     fc_layer: FcLayerOpt = None,
+    allow_model_mismatch: AllowMismatchOpt = False,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     force: ForceOpt = False,
@@ -168,13 +179,15 @@ def labels(
     """Recover the labels behind a capture with every applicable attack; score them when truth is known."""
     if format not in ("table", "json"):
         raise GleakError(f"--format must be table or json, got '{format}'")
+    if augmentation is not None and augmentation not in AUGMENTATIONS:
+        raise GleakError(f"--augmentation must be one of {', '.join(AUGMENTATIONS)}, got {shorten(augmentation, 40)!r}")
     chosen = select_attacks("labels", attack)
-    if output is not None and output.exists() and not force:
-        raise GleakError(f"{output} already exists; pass --force to overwrite it")
+    if output is not None:
+        check_writable(output, force)
     overrides = {"name": loss, "focal_gamma": focal_gamma, "focal_alpha": focal_alpha, "temperature": temperature,
                  "label_smoothing": label_smoothing}
     inputs = open_inputs(capture, model, arch, arch_kwargs, trust_pickle, aux, truth, no_truth, fc_layer, device,
-                         seed, batch_size, overrides)
+                         seed, batch_size, overrides, allow_model_mismatch)
     counts = truth_counts(inputs.truth.labels, inputs.ctx.num_classes) if inputs.truth is not None else None
     progress = (lambda name: err_console.print(f"[dim]running {name}…[/]", end="\r")) if verbose else None
     truth_soft = None
@@ -184,15 +197,20 @@ def labels(
             labels_[0], inputs.ctx.num_classes).double()
     for a in chosen:
         if a.name == "softlabel":
-            a.augmentation = augmentation
+            a.augmentation = augmentation or "auto"
     results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft)
     data = report(inputs, results, counts)
     data["truth_soft_label"] = truth_soft.tolist() if truth_soft is not None else None
-    if output is not None:
-        write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)
+    softlabel_ran = any(r.attack == "softlabel" and r.status == "ok" for r in results)
+    data["ignored_options"] = ([] if augmentation is None or softlabel_ran else
+                               ["--augmentation: only softlabel uses it, and softlabel did not run"])
     if format == "json":
         print_json(data)
     elif not quiet or results:
         render(data, results)
+        for note in data["ignored_options"]:
+            console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
     if all(r.status != "ok" for r in results):
         raise GleakError("no label attack applies to this capture (reasons above / in the JSON)")
+    if output is not None:
+        write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)

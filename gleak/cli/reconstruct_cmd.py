@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -15,7 +16,10 @@ from gleak.attacks.base import ImageOutput, get_attack, jsonable, run_attack
 from gleak.attacks.context import Context
 from gleak.attacks.reconstruct.base import ReconOptions, ReconstructionAttack, to_pixels
 from gleak.attacks.reconstruct.inputs import describe_targets, prepare
+from gleak.attacks.reconstruct.objective import DISTANCES
 from gleak.cli.common import (
+    MAX_BATCH,
+    AllowMismatchOpt,
     ArchKwargsOpt,
     ArchOpt,
     DeviceOpt,
@@ -28,16 +32,19 @@ from gleak.cli.common import (
     console,
     err_console,
     handle_errors,
+    number,
     print_json,
 )
 from gleak.cli.inputs import open_inputs
-from gleak.errors import GleakError
-from gleak.io import save_safetensors, write_bytes_atomic, write_text_atomic
+from gleak.errors import GleakError, shorten
+from gleak.io import OutputSet, check_output_location, safetensors_bytes
 from gleak.metrics.images import image_scores
 from gleak.metrics.perceptual import load_lpips
-from gleak.report.images import grid, png_bytes, write_images
+from gleak.report.images import grid, png_bytes
 
 FIXED_OUTPUTS = ("grid.png", "metrics.json", "images.safetensors")
+MAX_ITERATIONS = 10_000_000
+MAX_RESTARTS = 1_000
 
 
 def choose_attack(ctx: Context, name: str) -> ReconstructionAttack:
@@ -54,6 +61,7 @@ def choose_attack(ctx: Context, name: str) -> ReconstructionAttack:
 
 
 def check_output_dir(folder: Path, force: bool) -> None:
+    check_output_location(folder / "grid.png")
     if folder.exists() and not folder.is_dir():
         raise GleakError(f"{folder} exists and is not a directory")
     if folder.exists() and not force:
@@ -78,22 +86,28 @@ def reconstruct(
                                                "next to the capture, when present.")] = None,
     no_truth: Annotated[bool, typer.Option("--no-truth", help="Ignore any ground truth.")] = False,
     iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="Optimiser iterations "
-                                                   "(default: dlg/feature 100 L-BFGS steps, ig 4800).")] = None,
-    restarts: Annotated[int, typer.Option(help="Random restarts; the best by loss is kept.")] = 1,
-    lr: Annotated[float | None, typer.Option("--lr", help="Step size (default: L-BFGS 1, Adam 0.1).")] = None,
-    tv: Annotated[float | None, typer.Option("--tv", help="Total-variation weight (default: dlg 0, else "
-                                             "1e-2).")] = None,
+                                                   "(default: dlg/feature 100 L-BFGS steps, ig 4800).",
+                                                   callback=number(1, MAX_ITERATIONS))] = None,
+    restarts: Annotated[int | None, typer.Option(help="Random restarts; the best by loss is kept (default 1).",
+                                                 callback=number(1, MAX_RESTARTS))] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="Step size > 0 (default: L-BFGS 1, Adam 0.1).",
+                                             callback=number(0, low_open=True))] = None,
+    tv: Annotated[float | None, typer.Option("--tv", help="Total-variation weight ≥ 0 (default: dlg 0, else "
+                                             "1e-2).", callback=number(0))] = None,
     distance: Annotated[str | None, typer.Option(help="feature: l2 (L-BFGS, default) or cosine (Adam).")] = None,
-    beta: Annotated[float | None, typer.Option(help="feature: weight β of the feature term (default 2).")] = None,
+    beta: Annotated[float | None, typer.Option(help="feature: weight β ≥ 0 of the feature term (default 2).",
+                                               callback=number(0))] = None,
     signed: Annotated[bool, typer.Option("--signed", help="Adam on the signed gradient (Inverting Gradients' "
                                          "variant).")] = False,
     lpips: Annotated[str, typer.Option(help="LPIPS network: alex, vgg or off.")] = "alex",
-    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.",
+                                                   callback=number(1, MAX_BATCH))] = None,
     format: Annotated[str, typer.Option("--format", help="table or json (metrics on stdout).")] = "table",
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
     fc_layer: FcLayerOpt = None,
+    allow_model_mismatch: AllowMismatchOpt = False,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     force: ForceOpt = False,
@@ -105,26 +119,31 @@ def reconstruct(
         raise GleakError(f"--format must be table or json, got '{format}'")
     if lpips not in ("alex", "vgg", "off"):
         raise GleakError(f"--lpips must be alex, vgg or off, got '{lpips}'")
-    if restarts < 1:
-        raise GleakError("--restarts must be ≥ 1")
+    if distance is not None and distance not in DISTANCES:
+        raise GleakError(f"--distance must be one of {', '.join(DISTANCES)}, got {shorten(distance, 40)!r}")
     if model is None:
         raise GleakError("reconstruction needs the global model (--model)")
     check_output_dir(output, force)
     inputs = open_inputs(capture, model, arch, arch_kwargs, trust_pickle, aux, truth, no_truth, fc_layer, device,
-                         seed, batch_size)
+                         seed, batch_size, allow_model_mismatch=allow_model_mismatch)
     ctx = inputs.ctx
     chosen = choose_attack(ctx, attack)
     reason = chosen.not_applicable(ctx)
     if reason:
         raise GleakError(f"{chosen.name} does not apply: {reason}")
+    given = {"--iterations": iterations, "--restarts": restarts, "--lr": lr, "--tv": tv, "--distance": distance,
+             "--beta": beta, "--signed": signed or None}
+    ignored = ignored_options(chosen.name, distance, given)
     started = time.perf_counter()
     prepared = prepare(ctx, labels, inputs.truth, want_feature=chosen.name in ("feature", "fcn"))
     chosen.options = ReconOptions(targets=prepared.targets, feature=prepared.feature, iterations=iterations,
-                                  restarts=restarts, lr=lr, tv=tv, distance=distance, beta=beta, signed=signed)
+                                  restarts=restarts or 1, lr=lr, tv=tv, distance=distance, beta=beta, signed=signed)
     result = _run_with_progress(chosen, ctx, quiet or format == "json")
     if result.status != "ok" or not isinstance(result.output, ImageOutput):
         raise GleakError(f"{chosen.name} failed: {result.reason}")
     images = result.output.images
+    if not bool(torch.isfinite(images).all()):
+        raise GleakError(f"{chosen.name} diverged (non-finite pixels); try a smaller --lr")
     data: dict[str, Any] = {
         "capture": str(capture), "model": str(model), "attack": chosen.name, "paper": chosen.paper,
         "batch_size": ctx.batch_size, "labels": {"source": prepared.source,
@@ -132,6 +151,8 @@ def reconstruct(
         "feature_source": prepared.feature_source, "seed": seed, "device": str(ctx.device),
         "seconds": round(result.seconds, 3), "total_seconds": None,
         "diagnostics": jsonable(result.output.diagnostics), "warnings": result.warnings, "metrics": None,
+        "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
+        "ignored_options": ignored,
     }
     if prepared.label_result is not None:
         data["labels"]["attack_seconds"] = round(prepared.label_result.seconds, 3)
@@ -170,17 +191,27 @@ def _run_with_progress(attack: ReconstructionAttack, ctx: Context, quiet: bool) 
 
 
 def _write(folder: Path, images: Any, truth: Any, data: dict[str, Any], force: bool) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = write_images(folder, images, "recon", force)
+    """Every output file appears together, or (on any failure) none does."""
     rows = [truth, images] if truth is not None else [images]
-    grid_path = folder / "grid.png"
-    write_bytes_atomic(grid_path, png_bytes(grid(rows)), force=force)
-    tensor_path = folder / "images.safetensors"
-    save_safetensors(tensor_path, {"images": images.contiguous()},
-                     {"gleak.kind": "reconstruction", "gleak.attack": data["attack"]}, force=force)
-    metrics_path = folder / "metrics.json"
-    write_text_atomic(metrics_path, json.dumps(data, indent=2) + "\n", force=force)
-    return [grid_path, *paths, tensor_path, metrics_path]
+    with OutputSet(folder, force) as out:
+        out.write_bytes("grid.png", png_bytes(grid(rows)))
+        for i, image in enumerate(images):
+            out.write_bytes(f"recon_{i:03d}.png", png_bytes(image))
+        out.write_bytes("images.safetensors", safetensors_bytes(
+            {"images": images.contiguous()}, {"gleak.kind": "reconstruction", "gleak.attack": data["attack"]}))
+        out.write_bytes("metrics.json", (json.dumps(data, indent=2) + "\n").encode())
+        return out.commit()
+
+
+def ignored_options(attack: str, distance: str | None, given: dict[str, Any]) -> list[str]:
+    """The options the user set that the chosen attack does not use (reported, never silently dropped)."""
+    used = {"dlg": {"--iterations", "--restarts", "--lr", "--tv"},
+            "ig": {"--iterations", "--restarts", "--lr", "--tv", "--signed"},
+            "feature": {"--iterations", "--restarts", "--lr", "--tv", "--distance", "--beta"}
+            | ({"--signed"} if distance == "cosine" else set()),
+            }.get(attack, set())
+    return [f"{name}: {attack} does not use it" for name, value in given.items()
+            if value is not None and name not in used]
 
 
 def _render(data: dict[str, Any], written: list[Path]) -> None:
@@ -207,6 +238,8 @@ def _render(data: dict[str, Any], written: list[Path]) -> None:
         console.print("[dim]no ground truth: images are written unscored[/]")
     for w in data["warnings"]:
         console.print(f"[yellow]⚠[/] {w}", soft_wrap=True)
+    for note in data["ignored_options"]:
+        console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
     console.print(f"wrote {written[0]} and {len(written) - 1} more files in {written[0].parent}/")
 
 

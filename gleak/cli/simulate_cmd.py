@@ -9,6 +9,8 @@ import typer
 
 from gleak.capture import save_capture, save_truth, truth_path_for
 from gleak.cli.common import (
+    MAX_BATCH,
+    MAX_STEPS,
     ArchKwargsOpt,
     ArchOpt,
     DeviceOpt,
@@ -19,11 +21,12 @@ from gleak.cli.common import (
     VerboseOpt,
     console,
     handle_errors,
+    number,
     resolve_device,
 )
 from gleak.data import load_dataset
 from gleak.errors import GleakError
-from gleak.io import check_writable
+from gleak.io import OutputSet, check_writable
 from gleak.losses import LossSpec
 from gleak.metrics.labels import truth_counts
 from gleak.models import load_model
@@ -42,6 +45,24 @@ def parse_labels(text: str | None) -> tuple[int, ...] | None:
     return labels
 
 
+def _refuse_unused(*, optimizer: str, momentum: float | None, scheme: str, mu: float | None, loss: str,
+                   focal_gamma: float | None, focal_alpha: float | None, mixup: bool, mixup_ratio: float | None,
+                   composition: str, dirichlet_alpha: float | None) -> None:
+    """An option that the configured client would not use is an error, never silently dropped."""
+    unused = [
+        (momentum is not None and optimizer not in ("sgdm", "nag"), "--momentum applies to --optimizer sgdm or nag"),
+        (mu is not None and scheme != "fedprox", "--mu applies to --scheme fedprox"),
+        ((focal_gamma is not None or focal_alpha is not None) and loss != "focal",
+         "--focal-gamma/--focal-alpha apply to --loss focal"),
+        (mixup_ratio is not None and not mixup, "--mixup-ratio applies with --mixup"),
+        (dirichlet_alpha is not None and composition != "dirichlet",
+         "--dirichlet-alpha applies to --composition dirichlet"),
+    ]
+    for bad, message in unused:
+        if bad:
+            raise GleakError(message)
+
+
 @handle_errors
 def simulate(
     model: Annotated[Path, typer.Option("--model", "-M", help="Global model file.")],
@@ -50,25 +71,36 @@ def simulate(
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per local step (B).")] = 8,
-    local_steps: Annotated[int, typer.Option("--local-steps", "-m", help="Local steps, each on a fresh batch.")] = 1,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per local step (B).",
+                                            callback=number(1, MAX_BATCH))] = 8,
+    local_steps: Annotated[int, typer.Option("--local-steps", "-m", help="Local steps, each on a fresh batch.",
+                                             callback=number(1, MAX_STEPS))] = 1,
     scheme: Annotated[str | None, typer.Option(help="fedsgd (one gradient), fedavg or fedprox (an update). "
                                                "Default: fedsgd for one step, fedavg for more.")] = None,
-    lr: Annotated[float, typer.Option("--lr", help="Client learning rate.")] = 0.01,
+    lr: Annotated[float, typer.Option("--lr", help="Client learning rate (> 0).",
+                                      callback=number(0, low_open=True))] = 0.01,
     optimizer: Annotated[str, typer.Option(help="sgd, sgdm (momentum), nag (Nesterov) or adam.")] = "sgd",
-    momentum: Annotated[float, typer.Option(help="Momentum for sgdm / nag.")] = 0.9,
-    weight_decay: Annotated[float, typer.Option(help="L2 weight decay.")] = 0.0,
-    mu: Annotated[float, typer.Option(help="FedProx proximal weight μ.")] = 0.0,
+    momentum: Annotated[float | None, typer.Option(help="Momentum for sgdm / nag, in [0, 1) (default 0.9).",
+                                                   callback=number(0, 1, high_open=True))] = None,
+    weight_decay: Annotated[float, typer.Option(help="L2 weight decay (≥ 0).", callback=number(0))] = 0.0,
+    mu: Annotated[float | None, typer.Option(help="FedProx proximal weight μ > 0 (with --scheme fedprox).",
+                                             callback=number(0, low_open=True))] = None,
     loss: Annotated[str, typer.Option(help="cross_entropy, focal or bce.")] = "cross_entropy",
     reduction: Annotated[str, typer.Option(help="Loss reduction over the batch: mean or sum.")] = "mean",
-    focal_gamma: Annotated[float, typer.Option(help="Focal loss γ.")] = 2.0,
-    focal_alpha: Annotated[float, typer.Option(help="Focal loss α.")] = 1.0,
-    temperature: Annotated[float, typer.Option(help="Softmax temperature τ.")] = 1.0,
-    label_smoothing: Annotated[float, typer.Option(help="Label smoothing ε.")] = 0.0,
+    focal_gamma: Annotated[float | None, typer.Option(help="Focal loss γ ≥ 0 (default 2).",
+                                                      callback=number(0))] = None,
+    focal_alpha: Annotated[float | None, typer.Option(help="Focal loss α > 0 (default 1).",
+                                                      callback=number(0, low_open=True))] = None,
+    temperature: Annotated[float, typer.Option(help="Softmax temperature τ > 0.",
+                                               callback=number(0, low_open=True))] = 1.0,
+    label_smoothing: Annotated[float, typer.Option(help="Label smoothing ε in [0, 1).",
+                                                   callback=number(0, 1, high_open=True))] = 0.0,
     mixup: Annotated[bool, typer.Option("--mixup", help="Mix each example with one of another class.")] = False,
-    mixup_ratio: Annotated[float | None, typer.Option(help="Fixed mixup ratio r; default U(0, 1) per pair.")] = None,
+    mixup_ratio: Annotated[float | None, typer.Option(help="Fixed mixup ratio r in [0, 1] (with --mixup); default "
+                                                      "U(0, 1) per pair.", callback=number(0, 1))] = None,
     composition: Annotated[str, typer.Option(help="uniform, unique, unbalanced, dirichlet or explicit.")] = "uniform",
-    dirichlet_alpha: Annotated[float, typer.Option(help="Concentration α for --composition dirichlet.")] = 0.5,
+    dirichlet_alpha: Annotated[float | None, typer.Option(help="Concentration α > 0 for --composition dirichlet "
+                                                          "(default 0.5).", callback=number(0, low_open=True))] = None,
     labels: Annotated[str | None, typer.Option(help="Explicit labels, e.g. '3,3,7' (B or m·B of them).")] = None,
     train_mode: Annotated[bool, typer.Option("--train-mode/--eval-mode",
                                              help="Model mode during the step (BatchNorm, Dropout).")] = True,
@@ -81,14 +113,20 @@ def simulate(
 ) -> None:
     """Simulate a client step (or steps) on real data; write a capture and its ground truth."""
     label_list = parse_labels(labels)
+    scheme = scheme or ("fedsgd" if local_steps == 1 else "fedavg")
+    _refuse_unused(optimizer=optimizer, momentum=momentum, scheme=scheme, mu=mu, loss=loss, focal_gamma=focal_gamma,
+                   focal_alpha=focal_alpha, mixup=mixup, mixup_ratio=mixup_ratio, composition=composition,
+                   dirichlet_alpha=dirichlet_alpha)
     config = ClientConfig(
-        batch_size=batch_size, local_steps=local_steps,
-        scheme=scheme or ("fedsgd" if local_steps == 1 else "fedavg"),
-        learning_rate=lr, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, mu=mu,
-        loss=LossSpec(loss, reduction, temperature, label_smoothing, focal_gamma, focal_alpha),
+        batch_size=batch_size, local_steps=local_steps, scheme=scheme,
+        learning_rate=lr, optimizer=optimizer, momentum=0.9 if momentum is None else momentum,
+        weight_decay=weight_decay, mu=mu or 0.0,
+        loss=LossSpec(loss, reduction, temperature, label_smoothing, 2.0 if focal_gamma is None else focal_gamma,
+                      1.0 if focal_alpha is None else focal_alpha),
         mixup=mixup, mixup_ratio=mixup_ratio,
         composition="explicit" if label_list and composition == "uniform" else composition,
-        labels=label_list, dirichlet_alpha=dirichlet_alpha, train_mode=train_mode, seed=seed,
+        labels=label_list, dirichlet_alpha=0.5 if dirichlet_alpha is None else dirichlet_alpha,
+        train_mode=train_mode, seed=seed,
     )
     truth_path = truth_path_for(output)
     check_writable(output, force)
@@ -96,13 +134,16 @@ def simulate(
         check_writable(truth_path, force)
     loaded = load_model(model, arch, arch_kwargs, trust_pickle)
     dataset = load_dataset(data)
-    if loaded.input_shape and tuple(loaded.input_shape) != dataset.input_shape:
+    from_zoo = loaded.arch is not None and not loaded.arch.startswith("torchvision:")
+    if from_zoo and loaded.input_shape and tuple(loaded.input_shape) != dataset.input_shape:
         raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "
                          f"{list(dataset.input_shape)}")
     capture, truth = simulate_client(loaded.module, dataset, config, resolve_device(device))
-    save_capture(capture, output, force=force)
-    if not no_truth:
-        save_truth(truth, truth_path, capture_path=output, force=force)
+    with OutputSet(output.parent, force) as out:
+        save_capture(capture, out.path(output.name), force=force)
+        if not no_truth:
+            save_truth(truth, out.path(truth_path.name), capture_path=out.path_of(output.name), force=force)
+        out.commit()
     if not quiet:
         counts = truth_counts(truth.labels, capture.num_classes or 0)
         shown = ", ".join(f"{c}×{int(n)}" for c, n in enumerate(counts.tolist()) if n)

@@ -51,13 +51,22 @@ def find_last_layer(
     ``model`` is an nn.Module (ordinary, TorchScript, or a torch.export module) or an ExportedProgram.
     """
     state = _state_dict(model)
+    try:
+        traced: _Choice | None = _trace(model, state, input_shape)
+        why = ""
+    except _NotFound as exc:
+        traced, why = None, str(exc)
     if override is not None:
         choice = _override_choice(state, override)
+        if traced is not None and traced.weight_key != choice.weight_key:
+            raise GleakError(
+                f"--fc-layer {override!r} is not the layer that produces the model's output (the logits): "
+                f"that is '{traced.weight_key}'; the attacks read the last layer's gradient, so only it can be chosen"
+            )
+        if traced is None:
+            choice = _Choice(choice.weight_key, choice.bias_key, f"{choice.reason} (not verified: {why})")
     else:
-        try:
-            choice = _trace(model, state, input_shape)
-        except _NotFound as why:
-            choice = _fallback(state, tensors, str(why))
+        choice = traced if traced is not None else _fallback(state, tensors, why)
     return _build(state, choice, tensors)
 
 

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.errors import GleakError
-from gleak.io import save_safetensors, tensors_sha256
+from gleak.capture import check_input_shape
+from gleak.errors import GleakError, shorten
+from gleak.io import check_input_file, save_safetensors, show, tensors_sha256
 from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
 
 TORCHVISION_INPUT_SHAPE = (3, 224, 224)
@@ -27,6 +28,7 @@ META_ARCH = "gleak.arch"
 META_KWARGS = "gleak.arch_kwargs"
 META_INPUT_SHAPE = "gleak.input_shape"
 STATE_DICT_ENTRIES = ("state_dict", "model_state_dict")
+MAX_KWARGS_CHARS = 64 * 1024
 
 
 @dataclass
@@ -55,14 +57,20 @@ def parse_arch_kwargs(
         text = arch_kwargs.strip()
         if not text:
             return {}
+        if len(text) > MAX_KWARGS_CHARS:
+            raise GleakError(f"{what} are {len(text):,} characters of JSON; at most {MAX_KWARGS_CHARS:,} are accepted")
         try:
             arch_kwargs = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise GleakError(f"{what} are not valid JSON ({exc.msg} at char {exc.pos}): {text!r}") from None
+            raise GleakError(f"{what} are not valid JSON ({exc.msg} at char {exc.pos}): "
+                             f"{shorten(repr(text), 80)}") from None
+        except RecursionError:
+            raise GleakError(f"{what} are nested too deeply") from None
     if not isinstance(arch_kwargs, Mapping):
-        raise GleakError(f'{what} must be a JSON object like {{"num_classes": 10}}, got {arch_kwargs!r}')
+        raise GleakError(f'{what} must be a JSON object like {{"num_classes": 10}}, got '
+                         f"{shorten(repr(arch_kwargs), 80)}")
     if not all(isinstance(k, str) for k in arch_kwargs):
-        raise GleakError(f"{what} must have string keys, got {list(arch_kwargs)}")
+        raise GleakError(f"{what} must have string keys, got {shorten(str(list(arch_kwargs)), 80)}")
     return dict(arch_kwargs)
 
 
@@ -151,13 +159,13 @@ def _parse_shape(text: str | None, what: str) -> tuple[int, ...] | None:
         return None
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
-        raise GleakError(f"{what} is not a JSON list of integers: {text!r}") from None
+    except (json.JSONDecodeError, RecursionError):
+        raise GleakError(f"{what} is not a JSON list of integers: {shorten(repr(text), 80)}") from None
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(v, int) and v > 0 for v in value):
-        raise GleakError(f"{what} is not a JSON list of positive integers: {text!r}")
-    return tuple(value)
+    if not isinstance(value, list):
+        raise GleakError(f"{what} is not a JSON list of positive integers: {shorten(repr(text), 80)}")
+    return check_input_shape(value, what)
 
 
 # --------------------------------------------------------------------------- state dicts
@@ -258,11 +266,7 @@ def load_model(
     trust_pickle: bool = False,
 ) -> LoadedModel:
     """Load a model file (.safetensors, .pt/.pth/.bin state dict or TorchScript, .pt2 export) in eval mode."""
-    file = Path(path)
-    if not file.exists():
-        raise GleakError(f"model file {file} does not exist")
-    if not file.is_file():
-        raise GleakError(f"model path {file} is not a file")
+    file = check_input_file(path, "model file")
     try:
         fmt = _sniff(file)
     except OSError as exc:
@@ -342,6 +346,11 @@ def _load_safetensors(file: Path, arch: str | None, kwargs: dict[str, Any] | Non
     except Exception as exc:
         raise GleakError(f"{file} is not a readable safetensors file: {_why(exc)}") from None
     file_arch = metadata.get(META_ARCH)
+    if file_arch is not None and arch is None and not _is_file_safe_arch(file_arch):
+        raise GleakError(
+            f"{show(file)}: metadata {META_ARCH} names {shorten(repr(file_arch), 60)}; an architecture read from a "
+            "file may only be a zoo model or torchvision:NAME (importing what a file names could run its code); "
+            "pass --arch on the command line if you trust that factory")
     file_kwargs = parse_arch_kwargs(metadata.get(META_KWARGS), f"{file}: metadata {META_KWARGS}")
     same_arch = arch is None or (file_arch is not None and _same_arch(arch, file_arch))
     use_arch = arch if arch is not None else file_arch
@@ -359,6 +368,13 @@ def _load_safetensors(file: Path, arch: str | None, kwargs: dict[str, Any] | Non
         input_shape=shape,
         metadata=metadata,
     )
+
+
+def _is_file_safe_arch(arch: str) -> bool:
+    """Architectures a file's metadata may name: built-in zoo models and torchvision constructors, never an
+    importable ``module:factory`` (DESIGN §8: no data file makes gleak import or call anything)."""
+    arch = arch.strip()
+    return _is_zoo(arch) or (arch.startswith("torchvision:") and arch.count(":") == 1)
 
 
 def _same_arch(a: str, b: str) -> bool:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from torchvision.utils import make_grid
-
-from gleak.io import write_bytes_atomic
 
 MIN_SHOWN = 64  # small images (28 px digits) are enlarged, pixel for pixel, to at least this size
 
@@ -47,13 +44,3 @@ def grid(rows: list[torch.Tensor], per_row: int | None = None) -> torch.Tensor:
     if stacked.shape[1] == 1:
         stacked = stacked.repeat(1, 3, 1, 1)
     return make_grid(stacked, nrow=per_row, padding=2, pad_value=1.0)
-
-
-def write_images(folder: Path, images: torch.Tensor, prefix: str, force: bool) -> list[Path]:
-    """``prefix``_000.png … in ``folder`` (atomic, never overwriting without ``force``)."""
-    paths = []
-    for i, image in enumerate(images):
-        path = folder / f"{prefix}_{i:03d}.png"
-        write_bytes_atomic(path, png_bytes(image), force=force)
-        paths.append(path)
-    return paths

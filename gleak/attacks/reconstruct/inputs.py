@@ -15,6 +15,7 @@ The feature of one example is ∇W[i]/∇b[i] when the last layer has a bias (ex
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ import torch
 from gleak.attacks.base import AttackResult, LabelOutput, get_attack, run_attack
 from gleak.attacks.context import Context
 from gleak.capture import Truth
-from gleak.errors import GleakError
+from gleak.errors import GleakError, shorten
+from gleak.io import MAX_JSON_BYTES, check_input_file, show
 from gleak.losses import soft_targets
 
 # best first, from bench/results/labels.md (untrained and trained LeNet-5, one step)
@@ -65,25 +67,47 @@ def _from_label_output(out: LabelOutput, ctx: Context) -> torch.Tensor:
 
 
 def targets_from_file(path: Path, ctx: Context) -> tuple[torch.Tensor, str]:
-    """Targets from a `gleak labels` JSON report: its first successful result (soft label when B = 1)."""
+    """Targets from a `gleak labels` JSON report: its first successful result (soft label when B = 1).
+
+    The report is untrusted input: counts must be C non-negative integers summing to B, a soft label C
+    finite numbers in [0, 1] summing to 1; anything else is refused with the reason."""
+    check_input_file(path, "labels report", MAX_JSON_BYTES)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise GleakError(f"{path}: no such labels file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise GleakError(f"{path}: not a JSON labels report ({e})") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else shorten(str(e), 100)
+        raise GleakError(f"{show(path)}: not a JSON labels report ({reason})") from None
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list):
-        raise GleakError(f"{path}: not a `gleak labels` JSON report (no 'results' list)")
+        raise GleakError(f"{show(path)}: not a `gleak labels` JSON report (no 'results' list)")
     for r in results:
-        if isinstance(r, dict) and r.get("status") == "ok" and isinstance(r.get("counts"), list):
-            counts = torch.tensor(r["counts"], dtype=torch.float64)
-            if len(counts) != ctx.num_classes:
-                raise GleakError(f"{path}: {len(counts)} classes, the model has {ctx.num_classes}")
-            soft = r.get("soft_label")
-            out = LabelOutput(counts, torch.tensor(soft, dtype=torch.float64) if soft else None)
-            return _from_label_output(out, ctx), f"file {path.name} ({r.get('attack', '?')})"
-    raise GleakError(f"{path}: the report has no successful label result")
+        if isinstance(r, dict) and r.get("status") == "ok" and "counts" in r:
+            where = f"{show(path)}: result {shorten(str(r.get('attack', '?')), 30)!r}"
+            counts = _json_counts(r["counts"], ctx, where)
+            soft = _json_soft_label(r.get("soft_label"), ctx, where)
+            out = LabelOutput(counts, soft)
+            return _from_label_output(out, ctx), f"file {path.name} ({shorten(str(r.get('attack', '?')), 30)})"
+    raise GleakError(f"{show(path)}: the report has no successful label result")
+
+
+def _json_counts(value: Any, ctx: Context, where: str) -> torch.Tensor:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise GleakError(f"{where}: 'counts' must be a list of integers, got {shorten(repr(value), 60)}")
+    if len(value) != ctx.num_classes:
+        raise GleakError(f"{where}: {len(value)} class counts, the model has {ctx.num_classes} classes")
+    if any(v < 0 for v in value) or sum(value) != ctx.batch_size:
+        raise GleakError(f"{where}: counts must be ≥ 0 and sum to B = {ctx.batch_size}, they sum to {sum(value)}")
+    return torch.tensor(value, dtype=torch.float64)
+
+
+def _json_soft_label(value: Any, ctx: Context, where: str) -> torch.Tensor | None:
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != ctx.num_classes
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1
+                       for v in value) or abs(sum(value) - 1) > 1e-3):
+        raise GleakError(f"{where}: 'soft_label' must be {ctx.num_classes} numbers in [0, 1] summing to 1")
+    return torch.tensor(value, dtype=torch.float64)
 
 
 def _run_labels(ctx: Context, names: tuple[str, ...]) -> tuple[AttackResult | None, list[str]]:
