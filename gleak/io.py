@@ -92,13 +92,14 @@ def make_parent(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise GleakError(f"cannot create the folder for {show(path)}: {_os_error(exc)}") from None
+        raise GleakError(f"cannot write {show(path)}: cannot create its folder ({_os_error(exc)})") from None
     if not path.parent.is_dir():
         raise GleakError(f"cannot write {show(path)}: {show(path.parent)} is not a folder")
 
 
 def check_writable(path: Path, force: bool) -> None:
-    """Refuse to overwrite ``path`` unless ``force``; make sure its folder exists."""
+    """Refuse to overwrite ``path`` unless ``force``, and fail early when it cannot be created (nothing is
+    created here: a run that fails later leaves no empty folder behind)."""
     try:
         exists = path.exists()
         is_dir = path.is_dir()
@@ -109,7 +110,6 @@ def check_writable(path: Path, force: bool) -> None:
     if exists and not force:
         raise GleakError(f"{show(path)} already exists; pass --force (force=True) to overwrite it")
     check_output_location(path)
-    make_parent(path)
 
 
 def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], force: bool = False) -> Path:
@@ -119,6 +119,7 @@ def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], fo
     """
     target = Path(path)
     check_writable(target, force)
+    make_parent(target)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=".gleak-", suffix=".tmp", dir=target.parent)
     except OSError as exc:

@@ -231,3 +231,16 @@ def test_metadata_json_is_compact() -> None:
     out = format_metadata({"gleak.input_shape": [1, 28, 28], "gleak.mixup": {"ratio": None}})
     assert out["gleak.input_shape"] == "[1,28,28]"
     assert json.loads(out["gleak.mixup"]) == {"ratio": None}
+
+
+def test_documented_model_hash_reference_matches_tensors_sha256() -> None:
+    """docs/capture-format.md gives other producers a numpy-only reference of gleak.model.sha256; keep it true."""
+    from gleak.io import tensors_sha256
+    from gleak.models import build_zoo_model
+
+    doc = (Path(__file__).resolve().parent.parent / "docs/capture-format.md").read_text()
+    code = doc.split("```python")[1].split("```")[0]
+    namespace: dict = {}
+    exec(code, namespace)  # the documentation's own snippet
+    state = build_zoo_model("resnet-cifar", depth=8).state_dict()  # float32 weights and int64 scalar buffers
+    assert namespace["model_sha256"]({k: v.numpy() for k, v in state.items()}) == tensors_sha256(state)

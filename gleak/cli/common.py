@@ -102,8 +102,8 @@ class GleakGroup(TyperGroup):
         except click_exceptions.ClickException as e:
             hint = ""
             ctx = getattr(e, "ctx", None)
-            if isinstance(e, click_exceptions.UsageError) and ctx is not None:
-                hint = f" (see '{ctx.command_path} --help')"
+            if isinstance(e, click_exceptions.UsageError):
+                hint = f" (see '{ctx.command_path if ctx is not None else 'gleak'} --help')"
             fail(e.format_message() + hint)
             sys.exit(2)
         except typer.Abort:

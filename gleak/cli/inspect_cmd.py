@@ -9,8 +9,9 @@ import typer
 from rich.panel import Panel
 from rich.table import Table
 
-from gleak.capture import SCHEMA, load_capture, truth_path_for, validate_against_model
+from gleak.capture import SCHEMA, check_model_hash, load_capture, truth_path_for, validate_against_model
 from gleak.cli.common import (
+    AllowMismatchOpt,
     ArchKwargsOpt,
     ArchOpt,
     FcLayerOpt,
@@ -26,12 +27,13 @@ from gleak.errors import GleakError
 from gleak.models import find_last_layer, guess_last_layer, load_model
 
 
-def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None) -> dict[str, str | None]:
+def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None,
+                       allow_model_mismatch: bool = False) -> dict[str, str | None]:
     """Each registered attack -> None when it can run here, else the reason (auxiliary data assumed given)."""
     from gleak.attacks import REGISTRY, build_context
     from gleak.data import Dataset
 
-    ctx = build_context(capture, loaded, fc_layer=fc_layer)
+    ctx = build_context(capture, loaded, fc_layer=fc_layer, allow_model_mismatch=allow_model_mismatch)
     if ctx.input_shape is not None:  # assume the user will pass --aux: a placeholder with the right shape
         import torch
 
@@ -40,7 +42,7 @@ def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None) -> dict[
 
 
 def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch_kwargs: str | None,
-             trust_pickle: bool, fc_layer: str | None) -> dict[str, Any]:
+             trust_pickle: bool, fc_layer: str | None, allow_model_mismatch: bool = False) -> dict[str, Any]:
     """Everything `inspect` shows, as plain data (the JSON output)."""
     capture = load_capture(capture_path)
     truth = truth_path_for(capture_path)
@@ -64,13 +66,13 @@ def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch
     else:
         loaded = load_model(model_path, arch, arch_kwargs, trust_pickle)
         validate_against_model(capture, loaded.module)
-        recorded = capture.get("gleak.model.sha256")
+        check = check_model_hash(capture, loaded.weights_sha256, allow_model_mismatch)
         info["model"] = {"file": str(model_path), "source": loaded.source, "arch": loaded.arch,
-                         "weights_sha256": loaded.weights_sha256,
-                         "matches_capture": None if recorded is None else recorded == loaded.weights_sha256}
+                         "weights_sha256": loaded.weights_sha256, "model_check": check.to_json(),
+                         "matches_capture": None if check.recorded is None else check.status == "match"}
         shape = capture.input_shape or loaded.input_shape
         layer = find_last_layer(loaded.module, capture.tensors, input_shape=shape, override=fc_layer)
-        info["attacks"] = applicable_attacks(capture, loaded, fc_layer)
+        info["attacks"] = applicable_attacks(capture, loaded, fc_layer, allow_model_mismatch)
     info["last_layer"] = {
         "name": layer.name, "weight_key": layer.weight_key, "bias_key": layer.bias_key,
         "weight_shape": [layer.num_classes, layer.feature_dim], "has_bias": layer.bias_key is not None,
@@ -92,7 +94,8 @@ def _render(info: dict[str, Any], verbose: bool) -> None:
     if model:
         match = {None: "[yellow]the capture records no model hash[/]",
                  True: "[green]weights match the capture's model[/]",
-                 False: "[red]weights differ from the model the capture was made with[/]"}[model["matches_capture"]]
+                 False: "[red]weights differ from the model the capture was made with "
+                        "(--allow-model-mismatch)[/]"}[model["matches_capture"]]
         summary.add_row("model", f"{model['file']} ({model['source']})")
         summary.add_row("", match)
     console.print(Panel(summary, title=f"gleak inspect — {info['file']}", expand=False))
@@ -152,6 +155,7 @@ def inspect(
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
     fc_layer: FcLayerOpt = None,
+    allow_model_mismatch: AllowMismatchOpt = False,
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -159,7 +163,7 @@ def inspect(
     """Show a capture's tensors, metadata, the detected last layer and its batch size."""
     if format not in ("table", "json"):
         raise GleakError(f"--format must be table or json, got '{format}'")
-    info = describe(capture, model, arch, arch_kwargs, trust_pickle, fc_layer)
+    info = describe(capture, model, arch, arch_kwargs, trust_pickle, fc_layer, allow_model_mismatch)
     if format == "json":
         print_json(info)
     else:

@@ -179,7 +179,9 @@ def reconstruct(
 def _run_with_progress(attack: ReconstructionAttack, ctx: Context, quiet: bool) -> Any:
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, disable=quiet, transient=True) as bar:
+    # a bar only on a terminal: logs (CI) get no redraw residue, and a failed run prints just its error line
+    with Progress(*columns, console=err_console, disable=quiet or not err_console.is_terminal,
+                  transient=True) as bar:
         task = bar.add_task(f"{attack.name} (restart 1)", total=None, loss="—")
 
         def progress(restart: int, it: int, total: int, loss: float) -> None:
