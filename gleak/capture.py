@@ -23,7 +23,7 @@ from torch import nn
 
 from gleak import __version__
 from gleak.errors import GleakError, shorten
-from gleak.io import check_input_file, file_sha256, save_safetensors, show, tensors_sha256
+from gleak.io import check_input_file, file_sha256, save_safetensors, tensors_sha256
 from gleak.losses import LossSpec, client_loss
 
 SCHEMA_VERSION = 1

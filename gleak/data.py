@@ -46,7 +46,8 @@ class Dataset:
         if self.images.shape[0] == 0:
             raise GleakError(f"{self.source}: the data set holds no examples")
         if int(self.labels.min()) < 0:
-            raise GleakError(f"{self.source}: labels must be non-negative class indices, found {int(self.labels.min())}")
+            raise GleakError(f"{self.source}: labels must be non-negative class indices, found "
+                             f"{int(self.labels.min())}")
         if self.classes is not None and int(self.labels.max()) >= len(self.classes):
             raise GleakError(f"{self.source}: label {int(self.labels.max())} has no name in gleak.data.classes "
                              f"({len(self.classes)} names)")

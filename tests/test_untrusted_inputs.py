@@ -367,3 +367,13 @@ def test_valid_inputs_still_work(gleak, env) -> None:
     assert json.loads(r.stdout)["results"][0]["scores"]["iacc"] == 1.0
     assert gleak("inspect", CIFAR_CAPTURE).exit_code == 0
     save_safetensors(env["in"] / "x.safetensors", {"a": torch.zeros(1)})  # keeps the writer import honest
+
+
+def test_files_in_the_wrong_place(gleak) -> None:
+    """Common mix-ups: a capture, truth or data file given as the model, a model or truth file as the capture."""
+    truth = SAMPLES / "captures/fedsgd_b32.truth.safetensors"
+    assert_refused(gleak("labels", FEDSGD, "--model", FEDSGD), "gleak gradient file", "not a model")
+    assert_refused(gleak("labels", FEDSGD, "--model", truth), "gleak truth file", "not a model")
+    assert_refused(gleak("labels", FEDSGD, "--model", MNIST_AUX), "data set", "not a model")
+    assert_refused(gleak("labels", truth, "--model", LENET), "ground-truth file", "not a capture")
+    assert_refused(gleak("labels", LENET, "--model", LENET), "gleak.kind", "not a gleak capture")

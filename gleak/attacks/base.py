@@ -26,6 +26,7 @@ class Requirements:
     needs_bias: bool = False
     needs_model: bool = False  # the global model's weights (e.g. to evaluate the last layer)
     needs_model_forward: bool = False
+    needs_batch_forward: bool = False  # runs the model on the client's whole batch at once (gradient matching)
     needs_aux: bool = False
     single_sample: bool = False
     needs_batch_size: bool = True
@@ -41,6 +42,7 @@ class Requirements:
             out.append("gradient or update (any steps)")
         for flag, text in ((self.needs_bias, "bias"), (self.needs_model, "model"),
                            (self.needs_model_forward, "model forward"),
+                           (self.needs_batch_forward, "forward of the whole batch"),
                            (self.needs_aux, "aux data"), (self.single_sample, "B = 1"),
                            (self.needs_batch_size, "known B"), (self.needs_nonneg_features, "features ≥ 0 (soft)")):
             if flag:

@@ -20,7 +20,7 @@ from gleak.data import Dataset
 from gleak.errors import GleakError, shorten
 from gleak.io import tensors_sha256
 from gleak.losses import LossSpec
-from gleak.models import LastLayer, LoadedModel, find_last_layer, guess_last_layer
+from gleak.models import LastLayer, LoadedModel, find_last_layer, forward, guess_last_layer
 
 CHUNK = 1024
 
@@ -43,6 +43,7 @@ class Context:
     gradient_note: str | None = None
     no_gradient_reason: str | None = None
     no_forward_reason: str | None = None
+    no_batch_forward_reason: str | None = None  # the model cannot run the client's whole batch in one forward
     model_check: ModelCheck | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -73,6 +74,8 @@ class Context:
             return "needs the global model (--model)"
         if (req.needs_model_forward or req.needs_aux) and self.no_forward_reason:
             return self.no_forward_reason
+        if req.needs_batch_forward and self.no_batch_forward_reason:
+            return self.no_batch_forward_reason
         if req.needs_aux and self.aux is None:
             return "needs auxiliary labelled data (--aux)"
         return None
@@ -96,22 +99,8 @@ class Context:
         ``model`` defaults to the global model; another module of the same architecture (RLU's end model) works."""
         if self.model is None or self.no_forward_reason:
             raise GleakError(self.no_forward_reason or "needs the model (--model)")
-        model = model if model is not None else self.model
-        module = model.get_submodule(self.layer.name)
-        feats: list[torch.Tensor] = []
-        logits: list[torch.Tensor] = []
-
-        def hook(_m: nn.Module, args: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
-            feats.append(args[0].detach().flatten(1).cpu())
-
-        handle = module.register_forward_hook(hook)
-        try:
-            with torch.no_grad():
-                for start in range(0, len(inputs), CHUNK):
-                    logits.append(model(inputs[start:start + CHUNK].to(self.device)).detach().cpu())
-        finally:
-            handle.remove()
-        return torch.cat(feats), torch.cat(logits)
+        return forward.features_and_logits(model if model is not None else self.model, self.layer, inputs,
+                                           self.device, CHUNK)
 
     def aux_forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(features, logits, labels) of the whole auxiliary set, computed once."""
@@ -296,11 +285,7 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
         input_shape = input_shape or model.input_shape
         layer = find_last_layer(model.module, capture.tensors, input_shape=input_shape, override=fc_layer)
         module = model.module.to(device).eval()
-        try:
-            module.get_submodule(layer.name)
-        except AttributeError:
-            no_forward = (f"needs to hook the last layer '{layer.name}', which this model format does not expose "
-                          "(load weights + --arch instead of an exported program)")
+        no_forward = forward.forward_problem(module, layer)
     else:
         layer = guess_last_layer(capture.tensors, override=fc_layer)
         no_forward = "needs the model (--model)"
@@ -308,11 +293,16 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
         raise GleakError(f"auxiliary data has inputs {list(aux.input_shape)}, the model expects {list(input_shape)}")
     if aux is not None:
         aux.check_classes(layer.num_classes)
+    history = capture.get("gleak.fl.history")
+    if history is not None and len(history) != layer.num_classes:
+        raise GleakError(f"metadata key 'gleak.fl.history' has {len(history)} values; the last layer has "
+                         f"{layer.num_classes} classes (one history term per bias entry)")
     b = batch_size or capture.batch_size
+    no_batch = forward.batch_problem(module, b) if module is not None and not no_forward else None
     loss = loss or LossSpec.from_metadata(capture.meta)
     gw, gb, note, reason = _gradient_view(capture, layer, b, loss)
     return Context(capture=capture, layer=layer, model=module, num_classes=layer.num_classes, batch_size=b,
                    local_steps=capture.local_steps, loss=loss, aux=aux, device=device, seed=seed,
                    input_shape=tuple(input_shape) if input_shape else None, grad_weight=gw, grad_bias=gb,
                    gradient_note=note, no_gradient_reason=reason, no_forward_reason=no_forward,
-                   model_check=model_check)
+                   no_batch_forward_reason=no_batch, model_check=model_check)

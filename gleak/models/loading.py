@@ -9,6 +9,7 @@ import os
 import pickle
 import struct
 import types
+import warnings
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from torch import nn
 from gleak.capture import check_input_shape
 from gleak.errors import GleakError, shorten
 from gleak.io import check_input_file, save_safetensors, show, tensors_sha256
+from gleak.models.export_archive import check_archive, check_program, guard_load
 from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
 
 TORCHVISION_INPUT_SHAPE = (3, 224, 224)
@@ -280,7 +282,7 @@ def load_model(
     if fmt == "safetensors":
         loaded = _load_safetensors(file, arch, kwargs)
     elif fmt == "export":
-        loaded = _load_export(file)
+        loaded = _load_export(file, trust_pickle)
     elif fmt == "torchscript":
         loaded = _load_torchscript(file)
     else:
@@ -345,6 +347,12 @@ def _load_safetensors(file: Path, arch: str | None, kwargs: dict[str, Any] | Non
             state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
     except Exception as exc:
         raise GleakError(f"{file} is not a readable safetensors file: {_why(exc)}") from None
+    kind = metadata.get("gleak.kind")
+    if kind is not None and kind != "model":
+        raise GleakError(f"{show(file)} is a gleak {shorten(kind, 20)} file (gleak.kind), not a model; pass the global "
+                         "model's weights with --model")
+    if META_ARCH not in metadata and {"images", "labels"} <= set(state):
+        raise GleakError(f"{show(file)} holds a data set (images and labels), not a model")
     file_arch = metadata.get(META_ARCH)
     if file_arch is not None and arch is None and not _is_file_safe_arch(file_arch):
         raise GleakError(
@@ -385,12 +393,23 @@ def _describe_arch(arch: str) -> str:
     return f"zoo:{arch.removeprefix('zoo:')}" if _is_zoo(arch) else arch
 
 
-def _load_export(file: Path) -> LoadedModel:
-    try:
-        program = torch.export.load(str(file))
-        module = _allow_eval(program.module())
-    except Exception as exc:
-        raise GleakError(f"{file} is not a loadable torch.export program: {_why(exc)}") from None
+def _load_export(file: Path, trust_pickle: bool) -> LoadedModel:
+    """Load a .pt2 after vetting it (export_archive): unless trusted, nothing in it is unpickled or executed."""
+    if not trust_pickle:
+        check_archive(file)
+    with guard_load(file, trusted=trust_pickle) as guard:
+        try:
+            program = torch.export.load(str(file))
+            if not trust_pickle:
+                check_program(program, file)
+            module = _allow_eval(program.module())
+        except GleakError as exc:
+            raise (guard.refused or exc) from None
+        except Exception as exc:
+            cause = guard.cause(exc)
+            if isinstance(cause, GleakError):
+                raise cause from None
+            raise GleakError(f"{show(file)} is not a loadable torch.export program: {_why(cause)}") from None
     return LoadedModel(
         module=module, source="torch.export program", arch=None, input_shape=_export_input_shape(program)
     )
@@ -415,7 +434,9 @@ def _export_input_shape(program: Any) -> tuple[int, ...] | None:
 
 def _load_torchscript(file: Path) -> LoadedModel:
     try:
-        module = torch.jit.load(str(file), map_location="cpu")
+        with warnings.catch_warnings():  # torch.jit.load's deprecation notice is not the user's problem
+            warnings.simplefilter("ignore")
+            module = torch.jit.load(str(file), map_location="cpu")
     except Exception as exc:
         raise GleakError(f"{file} is not a loadable TorchScript archive: {_why(exc)}") from None
     return LoadedModel(module=module, source="TorchScript archive", arch=None)

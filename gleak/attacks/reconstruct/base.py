@@ -39,7 +39,9 @@ class ReconstructionAttack(Attack):
     """Base of the image attacks; the CLI sets :attr:`options` before running one."""
 
     task: ClassVar[str] = "reconstruct"
-    requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True)
+    requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True,
+                                                    needs_batch_forward=True)
+
     def __init__(self) -> None:
         self.options = ReconOptions()
 

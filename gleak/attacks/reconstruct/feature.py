@@ -24,7 +24,8 @@ class FeatureMatching(ReconstructionAttack):
     paper = ("Wang, Liang & He, Towards Eliminating Hard Label Constraints in Gradient Inversion Attacks, "
              "ICLR 2024")
     summary = "gradient matching plus a term pulling the dummy's last-layer input to the recovered feature"
-    requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True, single_sample=True)
+    requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True,
+                                                    needs_batch_forward=True, single_sample=True)
     default_tv: ClassVar[float] = 1e-2
     default_beta: ClassVar[float] = 2.0
 
