@@ -377,3 +377,14 @@ def test_files_in_the_wrong_place(gleak) -> None:
     assert_refused(gleak("labels", FEDSGD, "--model", MNIST_AUX), "data set", "not a model")
     assert_refused(gleak("labels", truth, "--model", LENET), "ground-truth file", "not a capture")
     assert_refused(gleak("labels", LENET, "--model", LENET), "gleak.kind", "not a gleak capture")
+
+
+def test_long_local_runs_stay_bounded(gleak, env) -> None:
+    """gleak.local_steps at the schema's bound (100,000) used to make rlu's posterior search simulate every step
+    (hours); it now simulates at most 100 macro-steps."""
+    cap = edited(FEDAVG, env["in"] / "long.safetensors", {"gleak.local_steps": "100000", "gleak.num_examples": None})
+    r = gleak("labels", cap, "--model", LENET, "--aux", MNIST_AUX, "-a", "rlu", "--no-truth", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    result = json.loads(r.stdout)["results"][0]
+    assert result["status"] == "ok" and result["diagnostics"]["simulated_steps"] == 100
+    assert sum(result["counts"]) == 100_000 * 32
