@@ -388,3 +388,11 @@ def test_long_local_runs_stay_bounded(gleak, env) -> None:
     result = json.loads(r.stdout)["results"][0]
     assert result["status"] == "ok" and result["diagnostics"]["simulated_steps"] == 100
     assert sum(result["counts"]) == 100_000 * 32
+
+
+def test_divergent_optimizer_settings_are_not_applicable(gleak, env) -> None:
+    """Found by fuzzing every metadata key: gleak.weight_decay = 1e308 overflowed inside rlu (exit 3)."""
+    cap = edited(FEDAVG, env["in"] / "wd.safetensors", {"gleak.weight_decay": "1e308"})
+    r = gleak("labels", cap, "--model", LENET, "--aux", MNIST_AUX, "-a", "rlu", "--no-truth", "--format", "json")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "≥ 1" in json.loads(r.stdout)["results"][0]["reason"]

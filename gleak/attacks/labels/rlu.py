@@ -214,6 +214,11 @@ class RLU(Attack):
             return f"{scheme} needs the history term of Table 1 in gleak.fl.history, which the capture lacks"
         if ctx.layer.grad_bias is None:
             return "the capture lacks the last-layer bias update"
+        mu = cap.get("gleak.fl.mu", 0.0) if scheme == "fedprox" else 0.0
+        shrink = cap.learning_rate * (mu + cap.get("gleak.weight_decay", 0.0))
+        if scheme not in HISTORY_SCHEMES and not shrink < 1:
+            return (f"η·(μ + weight decay) = {shrink:.3g} ≥ 1: the recorded settings describe a client whose weights "
+                    "would not stay bounded, so RLU's model of the update does not hold")
         return None
 
     def run(self, ctx: Context) -> LabelOutput:
