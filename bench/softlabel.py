@@ -1,4 +1,4 @@
-"""Soft-label benchmark (seed 000 Tables 2 and 5 in small): success rate, L_r and time of `softlabel`.
+"""Soft-label benchmark (Wang, Liang & He, ICLR 2024, Tables 2 and 5 in small): success, L_r, time of `softlabel`.
 
     python bench/softlabel.py                    # 200 samples per setting, noise settings 100
     python bench/softlabel.py --samples 50 --noise-samples 20
@@ -7,7 +7,7 @@ Samples are single real images from the shipped MNIST client split and the 20 CI
 a fresh ε ~ U(0, 0.5) (smoothing) or a partner of another class and a ratio ~ U(0, 1) (mixup). Success:
 ‖ŷ − y‖₁ < 1e−3 (L_r is reported on successes). Writes bench/results/softlabel.md.
 
-Noise (seed 000 §5.2, Table 5), as the reference's `label_recovery.setup(noise=..., std=...)` adds it:
+Noise (Wang, Liang & He §5.2, Table 5), as the reference's `label_recovery.setup(noise=..., std=...)` adds it:
 zero-mean Gaussian or Laplace noise whose *standard deviation* is the table's level (the reference's
 argument is named `std`, its Laplace scale is std/√2, and Table 5's L_s grows tenfold per decade of the
 level, i.e. linearly in the noise amplitude), drawn once for the row r = argmax |row sum| of the clean
@@ -15,7 +15,8 @@ gradient only ("reference"), or for the whole last-layer weight gradient ("full"
 sends, gleak's harder setting). Success is the reference's oracle on λ = s/coe: |λ − λ*| < 1 with
 λ* = nanmean(x_true / ∇W_clean[r]) — zero features give 0/0 = NaN there and drop out — which is the
 reference's |s − s*| < 1 for the coefficient 1 of its ResNet-18 runs (their L_s match coefficient 1, see
-the research note); "strict" is gleak's own units, |s − s*| < 1 at coe = 4. L_s is the mean |λ − λ*|.
+docs/methods/label-recovery.md#softlabel); "strict" is gleak's own units, |s − s*| < 1 at coe = 4. L_s is the
+mean |λ − λ*|.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
 def model_for(name: str, shape: tuple[int, int, int]) -> LoadedModel:
     if name.endswith(".safetensors"):
         return load_model(ROOT / name)
-    if name == "resnet18":  # seed 000 Table 5's model: untrained torchvision ResNet-18 (kaiming init), 10 classes
+    if name == "resnet18":  # Wang, Liang & He's Table 5 model: untrained torchvision ResNet-18 (kaiming init), C = 10
         from gleak.models import build_arch
 
         torch.manual_seed(0)
@@ -164,7 +165,7 @@ def main() -> None:
                     for level in (1e-4, 1e-3, 1e-2, 1e-1):
                         noise_rows.append(run(f"{title}, smoothing, {where}, {dist} {level:g}", model, data,
                                               "smoothing", args.noise_samples, (dist, level, where)))
-    lines = ["# Soft-label benchmark (`softlabel`, seed 000)", "",
+    lines = ["# Soft-label benchmark (`softlabel`; Wang, Liang & He, ICLR 2024)", "",
              f"{args.samples} samples per setting ({args.noise_samples} with noise); success = ‖ŷ − y‖₁ < 1e−3; "
              "L_r = mean ‖ŷ − y‖₁ over successes; time per sample on 2 CPU cores.", ""]
     if rows:

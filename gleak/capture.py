@@ -1,5 +1,6 @@
-"""Capture format v1 (DESIGN §4): one client contribution (gradient or update) in a safetensors file.
+"""Capture format v1: one client contribution (gradient or update) in a safetensors file.
 
+Specified in the README ("Capture format v1") and docs/capture-format.md.
 Tensors keep the model's ``state_dict`` names. Metadata is strings only (a safetensors rule); every known
 key is parsed through one typed schema table, :data:`SCHEMA`, and unknown keys are kept verbatim.
 A *truth* companion file (``<capture>.truth.safetensors``) holds the labels and inputs for scoring.
@@ -36,7 +37,7 @@ SHA256_HEX = frozenset("0123456789abcdef")
 
 @dataclass(frozen=True)
 class Field:
-    """One metadata key: its type, the allowed values for enums, and what it means."""
+    """One metadata key: its type, the allowed values for enums, what it means, and how a missing key is read."""
 
     type: str  # str | int | float | bool | enum | int_list | float_list | str_list | json
     doc: str
@@ -44,44 +45,55 @@ class Field:
     minimum: float | None = None
     maximum: float | None = None
     positive: bool = False  # numbers (or every list element) must be > 0
+    default: Any = None  # the value gleak assumes when the key is absent (None: nothing is assumed)
 
 
 SCHEMA: dict[str, Field] = {
     "format": Field("enum", "safetensors' framework tag", ("pt",)),
-    "gleak.schema_version": Field("int", "capture format version", minimum=1),
+    "gleak.schema_version": Field("int", "capture format version", minimum=1, default=SCHEMA_VERSION),
     "gleak.kind": Field("enum", "gradient = dL/dθ of one step; update = θ_local − θ_global",
                         (*KINDS, TRUTH_KIND)),
-    "gleak.batch_size": Field("int", "examples per local step (B)", minimum=1, maximum=65_536),
+    "gleak.batch_size": Field("int", "examples per local step (B); attacks that need it say so (or --batch-size)",
+                              minimum=1, maximum=65_536),
     "gleak.num_examples": Field("int", "examples behind the contribution (m·B for m steps)", minimum=1,
                                 maximum=2**32),
-    "gleak.local_steps": Field("int", "local optimizer steps (m); 1 for FedSGD", minimum=1, maximum=100_000),
-    "gleak.learning_rate": Field("float", "client learning rate η", minimum=0),
-    "gleak.optimizer": Field("enum", "client optimizer", ("sgd", "sgdm", "nag", "adam")),
-    "gleak.momentum": Field("float", "momentum of sgdm / nag", minimum=0, maximum=0.999999),
-    "gleak.weight_decay": Field("float", "L2 weight decay of the optimizer", minimum=0),
-    "gleak.loss": Field("enum", "training loss", ("cross_entropy", "focal", "bce")),
-    "gleak.loss.reduction": Field("enum", "reduction over the batch", ("mean", "sum")),
-    "gleak.focal.gamma": Field("float", "focal-loss focusing parameter γ", minimum=0),
-    "gleak.focal.alpha": Field("float", "focal-loss weight α", minimum=0),
-    "gleak.temperature": Field("float", "softmax temperature τ (logits / τ)", positive=True),
+    "gleak.local_steps": Field("int", "local optimizer steps (m); 1 for FedSGD", minimum=1, maximum=100_000,
+                               default=1),
+    "gleak.learning_rate": Field("float", "client learning rate η (updates: needed to read Δθ as a gradient, and "
+                                 "by rlu)", minimum=0),
+    "gleak.optimizer": Field("enum", "client optimizer (updates only; a gradient involves none)",
+                             ("sgd", "sgdm", "nag", "adam"), default="sgd"),
+    "gleak.momentum": Field("float", "momentum γ of sgdm / nag (read only for those optimizers)", minimum=0,
+                            maximum=0.999999, default=0.9),
+    "gleak.weight_decay": Field("float", "L2 weight decay of the optimizer (updates only)", minimum=0,
+                                default=0.0),
+    "gleak.loss": Field("enum", "training loss", ("cross_entropy", "focal", "bce"), default="cross_entropy"),
+    "gleak.loss.reduction": Field("enum", "reduction over the batch", ("mean", "sum"), default="mean"),
+    "gleak.focal.gamma": Field("float", "focal-loss focusing parameter γ", minimum=0, default=2.0),
+    "gleak.focal.alpha": Field("float", "focal-loss weight α", minimum=0, default=1.0),
+    "gleak.temperature": Field("float", "softmax temperature τ (logits / τ)", positive=True, default=1.0),
     "gleak.label_smoothing": Field("float", "label smoothing ε: y = (1 − ε)·onehot + ε/C", minimum=0,
-                                   maximum=0.999999),
+                                   maximum=0.999999, default=0.0),
     "gleak.mixup": Field("json", "mixup settings, e.g. {\"ratio\": 0.3} or {\"ratio\": null} (drawn U(0,1))"),
     "gleak.fl.scheme": Field("enum", "federated scheme",
-                             ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc")),
-    "gleak.fl.mu": Field("float", "FedProx proximal weight μ", minimum=0),
-    "gleak.fl.alpha": Field("float", "FedDyn / FedDC regulariser α", minimum=0),
+                             ("fedsgd", "fedavg", "fedprox", "scaffold", "feddyn", "feddc"), default="fedavg"),
+    "gleak.fl.mu": Field("float", "FedProx proximal weight μ", minimum=0, default=0.0),
+    "gleak.fl.alpha": Field("float", "FedDyn / FedDC regulariser α", minimum=0, default=0.0),
     "gleak.fl.history": Field("float_list", "Scaffold/FedDyn/FedDC history term h of the last-layer bias "
                               "(RLU Table 1)"),
     "gleak.fl.round": Field("int", "federated round", minimum=0),
     "gleak.fl.client_id": Field("str", "client identifier"),
-    "gleak.num_classes": Field("int", "number of classes C", minimum=1, maximum=1_000_000),
-    "gleak.input_shape": Field("int_list", "input shape (C, H, W) without the batch", positive=True),
-    "gleak.data.mean": Field("float_list", "per-channel normalisation mean"),
-    "gleak.data.std": Field("float_list", "per-channel normalisation std", positive=True),
+    "gleak.num_classes": Field("int", "number of classes C (the model's output width)", minimum=1, maximum=1_000_000),
+    "gleak.input_shape": Field("int_list", "input shape (C, H, W) without the batch; else the model's, when known",
+                               positive=True),
+    "gleak.data.mean": Field("float_list", "per-channel mean: model inputs are (pixels − mean) / std, pixels in "
+                             "[0, 1]"),
+    "gleak.data.std": Field("float_list", "per-channel std of that normalisation (images are shown raw without "
+                            "both)", positive=True),
     "gleak.model.sha256": Field("sha256", "sha256 of the global model's tensors (docs/capture-format.md, "
                                 "gleak.io.tensors_sha256)"),
-    "gleak.model.train_mode": Field("bool", "model in train mode (BatchNorm/Dropout) during the step"),
+    "gleak.model.train_mode": Field("bool", "model in train mode (BatchNorm/Dropout) during the step",
+                                     default=True),
     "gleak.batch.composition": Field("str", "how the batch labels were drawn"),
     "gleak.defense": Field("json", "defense applied to the contribution"),
     "gleak.buffers": Field("str_list", "names of buffer tensors (e.g. BatchNorm statistics)"),
@@ -130,7 +142,9 @@ def _parse_value(key: str, raw: str) -> Any:
         else:
             value = json.loads(raw)
             if spec.type.endswith("_list"):
-                elem = {"int_list": int, "float_list": (int, float), "str_list": str}[spec.type]
+                elem_types: dict[str, type | tuple[type, ...]] = {
+                    "int_list": int, "float_list": (int, float), "str_list": str}
+                elem = elem_types[spec.type]
                 if not isinstance(value, list) or not all(
                     isinstance(v, elem) and not isinstance(v, bool) for v in value
                 ):
@@ -221,13 +235,19 @@ class Capture:
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(key, default)
 
+    def value(self, key: str) -> Any:
+        """The recorded value of a schema key, else its documented default (``SCHEMA[key].default``)."""
+        if key not in SCHEMA:
+            raise KeyError(f"{key!r} is not a capture metadata key")
+        return self.meta.get(key, SCHEMA[key].default)
+
     @property
     def batch_size(self) -> int | None:
         return self.meta.get("gleak.batch_size")
 
     @property
     def local_steps(self) -> int:
-        return int(self.meta.get("gleak.local_steps", 1))
+        return int(self.value("gleak.local_steps"))
 
     @property
     def learning_rate(self) -> float | None:
@@ -256,7 +276,11 @@ class Capture:
 
 @dataclass
 class Truth:
-    """Ground truth for a capture: labels (int64 [N] or soft float [N, C]) and the inputs the model saw."""
+    """Ground truth for a capture: labels (int64 [N] or soft float [N, C]) and the inputs the model saw.
+
+    ``inputs`` are exactly the tensors fed to the model, i.e. *after* normalisation (``(x − mean) / std``);
+    record that normalisation as ``gleak.data.mean`` / ``gleak.data.std`` in the capture. For a multi-step
+    update, concatenate the batches of every step in order (N = local_steps · batch_size)."""
 
     labels: torch.Tensor
     inputs: torch.Tensor
@@ -386,7 +410,7 @@ def load_capture(path: str | Path) -> Capture:
         raise GleakError(f"{p}: missing metadata key 'gleak.kind' (one of {', '.join(KINDS)}); not a gleak capture?")
     if kind == TRUTH_KIND:
         raise GleakError(f"{p}: this is a ground-truth file (gleak.kind=truth), not a capture")
-    version = known.get("gleak.schema_version", SCHEMA_VERSION)
+    version = known.get("gleak.schema_version", SCHEMA["gleak.schema_version"].default)
     if version > SCHEMA_VERSION:
         raise GleakError(f"{p}: capture schema version {version} is newer than this gleak supports ({SCHEMA_VERSION})")
     if not tensors:
@@ -466,16 +490,36 @@ def created_at() -> str:
     return when.isoformat(timespec="seconds")
 
 
-def save_capture(capture: Capture, path: str | Path, force: bool = False) -> Path:
-    """Write a capture atomically; refuses to overwrite an existing file unless ``force``."""
+def save_capture(capture: Capture, path: str | Path, force: bool = False, truth: Truth | None = None) -> Path:
+    """Write a capture atomically; refuses to overwrite an existing file unless ``force``.
+
+    With ``truth``, also write the ground truth to ``NAME.truth.safetensors`` beside it (see
+    :func:`truth_path_for`), bound to the capture's bytes; ``gleak labels`` / ``reconstruct`` pick it up."""
     if capture.meta.get("gleak.kind") not in KINDS:
         raise GleakError(f"capture kind must be one of {', '.join(KINDS)}")
     check_finite(capture.tensors)
+    if truth is not None:
+        truth = _cpu_truth(truth)
+        examples = capture.meta.get("gleak.num_examples")
+        if examples is not None and truth.labels.shape[0] != examples:
+            raise GleakError(f"the truth holds {truth.labels.shape[0]} labels, the capture {examples} examples")
+        if not force and truth_path_for(path).exists():
+            raise GleakError(f"{truth_path_for(path)} already exists; pass force=True to overwrite it")
     meta = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.producer": f"gleak {__version__}",
             "gleak.created_at": created_at(), **capture.meta}
     out = _save(capture.tensors, format_metadata(meta, capture.extra), path, force)
     capture.path = out
+    if truth is not None:
+        save_truth(truth, truth_path_for(out), capture_path=out, force=force)
     return out
+
+
+def _cpu_truth(truth: Truth) -> Truth:
+    """Detached CPU tensors; integer class indices as int64 (the file format's hard-label type)."""
+    labels = truth.labels.detach().cpu()
+    if not labels.is_floating_point():
+        labels = labels.long()
+    return Truth(labels=labels, inputs=truth.inputs.detach().cpu(), meta=dict(truth.meta), extra=dict(truth.extra))
 
 
 def truth_path_for(capture_path: str | Path) -> Path:
@@ -487,6 +531,7 @@ def truth_path_for(capture_path: str | Path) -> Path:
 
 def save_truth(truth: Truth, path: str | Path, capture_path: str | Path | None = None, force: bool = False) -> Path:
     """Write the ground-truth companion; binds it to the capture file's sha256 when given."""
+    truth = _cpu_truth(truth)
     meta: dict[str, Any] = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.kind": TRUTH_KIND,
                             **truth.meta}
     if capture_path is not None:
@@ -530,6 +575,31 @@ def _base_meta(model_state: Mapping[str, torch.Tensor], **meta: Any) -> dict[str
     return out
 
 
+def _floats(values: Sequence[float] | torch.Tensor | None) -> list[float] | None:
+    if values is None:
+        return None
+    if isinstance(values, torch.Tensor):
+        return [float(v) for v in values.detach().flatten().tolist()]
+    return [float(v) for v in values]
+
+
+def _data_meta(mean: Sequence[float] | torch.Tensor | None, std: Sequence[float] | torch.Tensor | None,
+               input_shape: Sequence[int] | None) -> dict[str, Any]:
+    """``gleak.data.mean`` / ``gleak.data.std``: one value per input channel (a single value is repeated)."""
+    if (mean is None) != (std is None):
+        raise GleakError("pass both mean and std (the normalisation x → (x − mean) / std), or neither")
+    out: dict[str, Any] = {"gleak.data.mean": _floats(mean), "gleak.data.std": _floats(std)}
+    channels = int(input_shape[0]) if input_shape else None
+    for key, values in out.items():
+        if values is None or channels is None:
+            continue
+        if len(values) == 1:
+            out[key] = values * channels
+        elif len(values) != channels:
+            raise GleakError(f"{key} has {len(values)} values; the inputs have {channels} channels")
+    return out
+
+
 def capture_gradients(
     model: nn.Module,
     inputs: torch.Tensor,
@@ -537,10 +607,16 @@ def capture_gradients(
     loss: LossSpec | None = None,
     metadata: Mapping[str, Any] | None = None,
     include_buffers: bool = False,
+    *,
+    mean: Sequence[float] | torch.Tensor | None = None,
+    std: Sequence[float] | torch.Tensor | None = None,
 ) -> Capture:
     """FedSGD capture: dL/dθ of one batch, computed with the model in its current train/eval mode.
 
-    ``labels`` are class indices [B] or soft labels [B, C]. ``metadata`` adds or overrides gleak.* keys.
+    ``inputs`` are the normalised tensors the model takes; ``mean`` / ``std`` record that normalisation
+    (per channel). ``labels`` are class indices [B] or soft labels [B, C]. Batch size, input shape, number of
+    classes (from the model's output), loss and the model hash are filled in; a gradient needs no optimizer
+    keys. ``metadata`` adds or overrides gleak.* keys.
     """
     spec = loss or LossSpec()
     params = dict(model.named_parameters())
@@ -561,12 +637,23 @@ def capture_gradients(
                          "gleak.num_examples": int(inputs.shape[0]), "gleak.local_steps": 1,
                          "gleak.fl.scheme": "fedsgd", "gleak.num_classes": int(logits.shape[-1]),
                          "gleak.input_shape": list(inputs.shape[1:]),
-                         "gleak.model.train_mode": model.training, **spec.metadata()},
+                         "gleak.model.train_mode": model.training, **spec.metadata(),
+                         **_data_meta(mean, std, inputs.shape[1:])},
     )
     if buffers:
         meta["gleak.buffers"] = buffers
     meta.update(metadata or {})
     return Capture(tensors=tensors, meta=meta)
+
+
+def _infer_num_classes(tensors: Mapping[str, torch.Tensor]) -> int | None:
+    """Classes C from the update's last layer (the last 2-D weight with a matching bias), when one is found."""
+    from gleak.models.lastlayer import guess_last_layer  # gleak.models imports this module
+
+    try:
+        return guess_last_layer(tensors).num_classes
+    except GleakError:
+        return None
 
 
 def capture_update(
@@ -577,11 +664,31 @@ def capture_update(
     batch_size: int | None = None,
     buffers: Iterable[str] = (),
     metadata: Mapping[str, Any] | None = None,
+    *,
+    optimizer: str | None = None,
+    momentum: float | None = None,
+    weight_decay: float | None = None,
+    loss: LossSpec | None = None,
+    inputs: torch.Tensor | None = None,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+    mean: Sequence[float] | torch.Tensor | None = None,
+    std: Sequence[float] | torch.Tensor | None = None,
+    scheme: str | None = None,
 ) -> Capture:
-    """FedAvg-style capture: Δθ = θ_local − θ_global for every tensor of the two state dicts."""
+    """FedAvg-style capture: Δθ = θ_local − θ_global for every tensor of the two state dicts.
+
+    Record how the client trained: ``optimizer`` (sgd, sgdm, nag, adam), ``momentum`` (sgdm / nag only),
+    ``weight_decay``, ``loss``, ``scheme`` (default fedavg). ``input_shape`` is taken from ``inputs`` (one
+    batch the client trained on) when not given, ``num_classes`` from the last layer of the state dict, and
+    ``batch_size`` from ``inputs``. ``mean`` / ``std`` record the input normalisation. ``metadata`` adds or
+    overrides gleak.* keys.
+    """
     if set(global_state) != set(local_state):
         diff = sorted(set(global_state) ^ set(local_state))
         raise GleakError(f"the two state dicts have different tensors: {_names(diff)}")
+    if momentum is not None and optimizer not in ("sgdm", "nag"):
+        raise GleakError("momentum applies to optimizer 'sgdm' or 'nag'")
     tensors = {}
     for name, g in global_state.items():
         loc = local_state[name]
@@ -589,12 +696,70 @@ def capture_update(
             raise GleakError(f"shape mismatch for '{name}': global {list(g.shape)}, local {list(loc.shape)}")
         tensors[name] = (loc.detach().cpu() - g.detach().cpu())
     buffer_list = list(buffers)
+    if inputs is not None:
+        input_shape = input_shape or list(inputs.shape[1:])
+        batch_size = batch_size or int(inputs.shape[0])
+    shape = [int(v) for v in input_shape] if input_shape is not None else None
+    if num_classes is None:
+        num_classes = _infer_num_classes({k: v for k, v in tensors.items() if k not in set(buffer_list)})
     meta = _base_meta(global_state, **{
         "gleak.kind": "update", "gleak.local_steps": local_steps, "gleak.learning_rate": learning_rate,
         "gleak.batch_size": batch_size,
         "gleak.num_examples": batch_size * local_steps if batch_size else None,
+        "gleak.optimizer": optimizer, "gleak.momentum": momentum, "gleak.weight_decay": weight_decay,
+        "gleak.fl.scheme": scheme, "gleak.num_classes": num_classes, "gleak.input_shape": shape,
+        **(loss.metadata() if loss is not None else {}), **_data_meta(mean, std, shape),
     })
     if buffer_list:
         meta["gleak.buffers"] = buffer_list
     meta.update(metadata or {})
     return Capture(tensors=tensors, meta=meta)
+
+
+# ------------------------------------------------------------------------------------ documentation
+
+
+def _num(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def _bounds(key: str, spec: Field) -> str:
+    parts = []
+    if spec.choices:
+        parts.append(" \\| ".join(f"`{c}`" for c in spec.choices))
+    low, high = spec.minimum, spec.maximum
+    high_text = None if high is None else "< 1" if high == 0.999999 else f"≤ {_num(high)}"
+    if low is not None and high is not None and high_text and high_text.startswith("≤"):
+        parts.append(f"{_num(low)} … {_num(high)}")
+    elif low is not None:
+        parts.append(f"≥ {_num(low)}" + (f" and {high_text}" if high_text else ""))
+    elif high_text:
+        parts.append(high_text)
+    if spec.positive:
+        parts.append("every value > 0" if spec.type.endswith("_list") else "> 0")
+    if spec.type == "sha256":
+        parts.append("64 lower-case hex digits")
+    if key == "gleak.input_shape":
+        parts.append(f"≤ {MAX_INPUT_ELEMENTS:,} values per example")
+    if spec.type in ("json", "int_list", "float_list", "str_list"):
+        parts.append("≤ 1 MiB of text")
+    if spec.type in ("float", "float_list"):
+        parts.append("finite")
+    return "; ".join(parts) or "—"
+
+
+def _default_text(spec: Field) -> str:
+    if spec.default is None:
+        return "— (not assumed)"
+    if isinstance(spec.default, bool):
+        return f"`{str(spec.default).lower()}`"
+    return f"`{spec.default}`"
+
+
+def metadata_table() -> str:
+    """The Markdown table of every metadata key (docs/capture-format.md is generated from it)."""
+    rows = ["| key | type | meaning | bounds | default when absent |", "|---|---|---|---|---|"]
+    for key, spec in SCHEMA.items():
+        doc = spec.doc.replace("|", "\\|")
+        rows.append(f"| `{key}` | {spec.type} | {doc} | {_bounds(key, spec)} | {_default_text(spec)} |")
+    return "\n".join(rows) + "\n"

@@ -185,14 +185,14 @@ def _load_image_folder(root: Path, image_size: int | None) -> Dataset:
     mode = "L" if all(im.mode in ("L", "1", "I;16", "I") for im in pictures) else "RGB"
     size = (image_size, image_size) if image_size else pictures[0].size
     arrays = []
-    for im in pictures:
-        im = im.convert(mode)
-        if im.size != size:
+    for picture in pictures:
+        converted = picture.convert(mode)
+        if converted.size != size:
             if image_size is None:
-                raise GleakError(f"{root}: images differ in size ({pictures[0].size} vs {im.size}); "
+                raise GleakError(f"{root}: images differ in size ({pictures[0].size} vs {converted.size}); "
                                  "pass --image-size to resize them")
-            im = im.resize(size, Image.Resampling.BILINEAR)
-        arr = np.asarray(im, dtype=np.uint8)
+            converted = converted.resize(size, Image.Resampling.BILINEAR)
+        arr = np.asarray(converted, dtype=np.uint8)
         arrays.append(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1))
     images = torch.from_numpy(np.stack(arrays)).float() / 255.0
     channels = images.shape[1]

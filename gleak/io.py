@@ -108,11 +108,11 @@ def check_writable(path: Path, force: bool) -> None:
     if exists and is_dir:
         raise GleakError(f"{show(path)} is a directory, expected a file path")
     if exists and not force:
-        raise GleakError(f"{show(path)} already exists; pass --force (force=True) to overwrite it")
+        raise GleakError(f"{show(path)} already exists; pass --force to overwrite it")
     check_output_location(path)
 
 
-def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], None], force: bool = False) -> Path:
+def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object], force: bool = False) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place.
 
     A crash or an exception leaves either the old file or nothing, never a half-written file.

@@ -3,11 +3,13 @@
 Shared by :mod:`gleak.capture` (user-side capture helpers) and :mod:`gleak.simulate`, so that a simulated
 client and the attacks agree on one definition:
 
-* logits are divided by the temperature τ first (seed 003 §4);
+* logits are divided by the temperature τ first (Zhang, Guo & Li, ICLR 2024 PML workshop, §3.1, Table 1);
 * targets y are one-hot or soft (mixup), then smoothed as y ← (1 − ε)·y + ε/C (PyTorch's convention);
-* cross-entropy ℓ = −Σ_c y_c log p_c; focal ℓ = −Σ_c y_c α (1 − p_c)^γ log p_c (Lin et al. 2017);
+* cross-entropy ℓ = −Σ_c y_c log p_c; focal ℓ = −Σ_c y_c α (1 − p_c)^γ log p_c (Lin et al., ICCV 2017);
   BCE ℓ = Σ_c BCE(σ(z_c), y_c) (one-vs-all, summed over classes);
 * reduction "mean" averages ℓ over the batch, "sum" adds it up.
+
+More in docs/methods/fl-updates.md#losses.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """A federated client simulated on real data: one FedSGD gradient or m local steps, written as a capture.
 
-Batches follow the papers' protocols: every local step draws a fresh batch (RLU §3, seed 004); batch
-labels are ``uniform`` (each label uniform over the classes present), ``unique`` (B distinct classes),
-``unbalanced`` (LLG §5.1: 50 % one class, 25 % a second, 25 % uniform), ``dirichlet`` (RLU §4 / App. B.5:
+Batches follow the papers' protocols (docs/methods/fl-updates.md#simulate): every local step draws a fresh
+batch (Chen & Vikalo, ICML 2024, §3.2.2); batch labels are ``uniform`` (each label uniform over the classes
+present), ``unique`` (B distinct classes), ``unbalanced`` (Wainakh et al., PoPETs 2022 — preprint §6.1: 50 %
+one class, 25 % a second, 25 % uniform), ``dirichlet`` (Chen & Vikalo, ICML 2024, §4.1 / App. B.5:
 the client is one of 10 whose per-class shares are Dir(α), so its class weights are Beta(α, 9α) draws and
-its labels are drawn i.i.d. from them, the same weights for all its local steps) or ``explicit``. Mixup mixes each
-example with one of a different class, x = r·x_a + (1 − r)·x_b and y = r·e_a + (1 − r)·e_b, with r fixed
-or drawn from U(0, 1) (seed 000 §5). The same seed gives bit-for-bit the same capture on the same machine.
+its labels are drawn i.i.d. from them, the same weights for all its local steps) or ``explicit``. Mixup mixes
+each example with one of a different class, x = r·x_a + (1 − r)·x_b and y = r·e_a + (1 − r)·e_b, with r fixed
+or drawn from U(0, 1) (Wang, Liang & He, ICLR 2024, §4.3). The same seed gives bit-for-bit the same capture
+on the same machine.
 """
 
 from __future__ import annotations

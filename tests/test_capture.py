@@ -244,3 +244,142 @@ def test_documented_model_hash_reference_matches_tensors_sha256() -> None:
     exec(code, namespace)  # the documentation's own snippet
     state = build_zoo_model("resnet-cifar", depth=8).state_dict()  # float32 weights and int64 scalar buffers
     assert namespace["model_sha256"]({k: v.numpy() for k, v in state.items()}) == tensors_sha256(state)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_capture_gradients_records_normalisation() -> None:
+    model = small_model()
+    x, y = torch.randn(4, 1, 4, 4), torch.tensor([0, 2, 2, 1])
+    cap = capture_gradients(model, x, y, mean=[0.5], std=torch.tensor([0.25]))
+    assert cap.get("gleak.data.mean") == [0.5] and cap.get("gleak.data.std") == [0.25]
+    assert cap.num_classes == 3 and cap.input_shape == (1, 4, 4)
+    assert "gleak.optimizer" not in cap.meta  # a gradient is taken before any optimizer step
+    with pytest.raises(GleakError, match="both mean and std"):
+        capture_gradients(model, x, y, mean=[0.5])
+    with pytest.raises(GleakError, match="gleak.data.std has 2 values; the inputs have 1 channels"):
+        capture_gradients(model, x, y, mean=[0.5], std=[0.2, 0.3])
+
+
+def test_capture_update_records_how_the_client_trained(tmp_path: Path) -> None:
+    model = small_model()
+    global_state = {k: v.clone() for k, v in model.state_dict().items()}
+    local_state = {k: v + 0.01 for k, v in global_state.items()}
+    inputs = torch.randn(4, 1, 4, 4)
+    cap = capture_update(global_state, local_state, learning_rate=0.1, local_steps=2, optimizer="nag",
+                         momentum=0.5, weight_decay=1e-4, loss=LossSpec(label_smoothing=0.1), inputs=inputs,
+                         mean=[0.1307], std=[0.3081])
+    back = load_capture(save_capture(cap, tmp_path / "u.safetensors"))
+    assert back.batch_size == 4 and back.get("gleak.num_examples") == 8
+    assert back.input_shape == (1, 4, 4) and back.num_classes == 3  # from the inputs and the last layer
+    assert back.value("gleak.optimizer") == "nag" and back.value("gleak.momentum") == 0.5
+    assert back.value("gleak.weight_decay") == 1e-4 and back.value("gleak.label_smoothing") == 0.1
+    assert back.get("gleak.data.mean") == [0.1307] and back.get("gleak.data.std") == [0.3081]
+    with pytest.raises(GleakError, match="momentum applies to optimizer"):
+        capture_update(global_state, local_state, optimizer="sgd", momentum=0.9)
+
+
+def test_save_capture_writes_the_truth_beside_it(tmp_path: Path) -> None:
+    x, y = torch.randn(4, 1, 4, 4), torch.tensor([0, 2, 2, 1], dtype=torch.int32)
+    cap = capture_gradients(small_model(), x, y.long())
+    path = save_capture(cap, tmp_path / "c.safetensors", truth=Truth(labels=y, inputs=x))
+    truth = load_truth(truth_path_for(path), load_capture(path))  # bound to this capture's bytes
+    assert truth.labels.dtype == torch.int64 and truth.labels.tolist() == [0, 2, 2, 1]
+    assert torch.equal(truth.inputs, x)
+    (tmp_path / "d.truth.safetensors").write_bytes(b"")
+    with pytest.raises(GleakError, match="already exists"):
+        save_capture(cap, tmp_path / "d.safetensors", truth=Truth(labels=y, inputs=x))
+    assert not (tmp_path / "d.safetensors").exists()
+    with pytest.raises(GleakError, match="the truth holds 2 labels, the capture 4 examples"):
+        save_capture(cap, tmp_path / "e.safetensors", truth=Truth(labels=y[:2], inputs=x[:2]))
+    assert not (tmp_path / "e.safetensors").exists()
+
+
+def test_metadata_defaults_are_one_value_everywhere() -> None:
+    """A missing key means the same to every reader: the schema's default (gleak.momentum: 0.9)."""
+    from types import SimpleNamespace
+
+    from gleak.attacks.context import gradient_transform
+    from gleak.attacks.labels.rlu import rho_and_history
+
+    gamma = SCHEMA["gleak.momentum"].default
+    assert gamma == 0.9
+    update = Capture({"fc.weight": torch.zeros(3, 2)}, {"gleak.kind": "update", "gleak.learning_rate": 0.1,
+                                                        "gleak.optimizer": "nag"})
+    assert update.value("gleak.momentum") == gamma and update.value("gleak.local_steps") == 1
+    transform, _ = gradient_transform(update, 4, LossSpec())
+    assert transform is not None and transform.update_scale == pytest.approx(0.1 * (1 + gamma))
+    update.meta.update({"gleak.optimizer": "sgdm", "gleak.local_steps": 3})
+    ctx = SimpleNamespace(capture=update, local_steps=3, kind="update")
+    rho, _, _ = rho_and_history(ctx, torch.zeros(3))  # type: ignore[arg-type]
+    tau = torch.arange(1, 4, dtype=torch.float64)
+    assert rho.tolist() == pytest.approx(((1 - gamma ** (3 + 1 - tau)) / (1 - gamma)).tolist())
+    spec = LossSpec.from_metadata({})
+    assert (spec.name, spec.reduction, spec.temperature, spec.label_smoothing, spec.focal_gamma,
+            spec.focal_alpha) == tuple(SCHEMA[k].default for k in (
+                "gleak.loss", "gleak.loss.reduction", "gleak.temperature", "gleak.label_smoothing",
+                "gleak.focal.gamma", "gleak.focal.alpha"))
+    with pytest.raises(KeyError):
+        update.value("gleak.no_such_key")
+
+
+def test_documented_metadata_table_lists_every_schema_key() -> None:
+    from gleak.capture import metadata_table
+
+    doc = (ROOT / "docs/capture-format.md").read_text()
+    table = doc.split("<!-- metadata-table:start -->\n")[1].split("<!-- metadata-table:end -->")[0]
+    listed = re.findall(r"^\| `([^`]+)` \|", table, flags=re.M)
+    assert listed == list(SCHEMA)
+    assert table == metadata_table(), "docs/capture-format.md is out of date: regenerate the metadata table"
+
+
+def _readme_blocks() -> tuple[str, str, str]:
+    """The README's own-training-code example: mynet.py, client.py and the gleak command, verbatim."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Capture format v1")[1].split("\n## ")[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+    mynet = next(code for lang, code in blocks if lang == "python" and code.startswith("# mynet.py"))
+    client = next(code for lang, code in blocks if lang == "python" and code.startswith("# client.py"))
+    command = next(code for lang, code in blocks if lang == "bash" and code.startswith("gleak labels"))
+    return mynet, client, command.strip()
+
+
+def test_readme_own_training_code_example_recovers_the_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              gleak) -> None:
+    """Run the README example as written: own model + batch -> capture + truth -> `gleak labels`; no metadata
+    is missing (no warning, no last-layer guess) and the labels come back."""
+    import shlex
+    import sys
+
+    mynet, client, command = _readme_blocks()
+    (tmp_path / "mynet.py").write_text(mynet)
+    (tmp_path / "client.py").write_text(client)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "mynet", raising=False)
+    sys.path.insert(0, str(tmp_path))  # what `python client.py` does for the script's directory
+    try:
+        exec(compile(client, str(tmp_path / "client.py"), "exec"), {"__name__": "__main__"})
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mynet", None)  # the CLI must find mynet.py on its own (working directory)
+    args = shlex.split(command)
+    assert args[0] == "gleak"
+    result = gleak(*args[1:], "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    sys.modules.pop("mynet", None)
+    report = json.loads(result.stdout)
+    cap = load_capture(tmp_path / args[2])
+    for key in ("gleak.data.mean", "gleak.data.std", "gleak.input_shape", "gleak.num_classes", "gleak.loss",
+                "gleak.model.sha256", "gleak.batch_size"):
+        assert key in cap.meta, key
+    assert report["model_check"]["status"] == "match" and report["truth_file"]
+    assert report["gradient_note"] is None and report["truth_counts"] == [1, 1, 1, 2, 0, 0, 0, 3, 0, 0]
+    text = (result.stdout + result.stderr).lower()
+    assert "guess" not in text and "not recorded" not in text and "no gleak." not in text
+    ok = [r for r in report["results"] if r["status"] == "ok"]
+    assert {r["attack"] for r in ok} >= {"ilrg", "zlg"}
+    assert all(r["warnings"] == [] for r in ok), [r["warnings"] for r in ok]
+    for r in ok:
+        if r["attack"] in ("ilrg", "zlg", "llg-star"):
+            assert r["scores"]["iacc"] == 1.0 and r["counts"] == report["truth_counts"], r

@@ -428,3 +428,50 @@ def test_save_model_checks_arch_and_suffix(tmp_path: Path) -> None:
     with pytest.raises(GleakError, match=r".safetensors"):
         save_model(model, tmp_path / "x.pt", "lenet")
     assert not (tmp_path / "x.safetensors").exists()
+
+
+FACTORY_MODULE = '''
+from torch import nn
+
+import {sibling}
+
+
+def build(num_classes: int = 3) -> nn.Module:
+    width = {sibling}.WIDTH  # imported by the factory's module from the same directory
+    return nn.Sequential(nn.Flatten(), nn.Linear(4, width), nn.ReLU(), nn.Linear(width, num_classes))
+'''
+
+
+def _forget(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    import sys
+
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_arch_factory_module_found_in_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--arch mynet:build next to mynet.py works without PYTHONPATH, and sys.path is left as it was."""
+    import sys
+
+    (tmp_path / "gleak_cwd_net.py").write_text(FACTORY_MODULE.format(sibling="gleak_cwd_width"))
+    (tmp_path / "gleak_cwd_width.py").write_text("WIDTH = 5\n")
+    _forget(monkeypatch, "gleak_cwd_net", "gleak_cwd_width")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    try:
+        module = build_arch("gleak_cwd_net:build", {"num_classes": 4})
+        assert [tuple(p.shape) for p in module.parameters()] == [(5, 4), (5,), (4, 5), (4,)]
+        assert sys.path == before
+    finally:
+        _forget(monkeypatch, "gleak_cwd_net", "gleak_cwd_width")
+
+
+def test_arch_working_directory_never_shadows_installed_modules(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A json.py in the working directory is not what `--arch json:build` imports: the installed json wins."""
+    (tmp_path / "json.py").write_text("def build():\n    raise SystemExit('shadowed')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GleakError, match="'json' has no attribute 'build'"):
+        build_arch("json:build")
+    with pytest.raises(GleakError, match="cannot import 'gleak_no_such_net'"):
+        build_arch("gleak_no_such_net:build")

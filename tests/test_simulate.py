@@ -80,7 +80,8 @@ def test_label_smoothing_truth_and_bias_gradient(lenet, mnist) -> None:
     assert torch.isclose(y.max(), torch.tensor(0.7 + 0.03)) and torch.isclose(y.sum(), torch.tensor(1.0))
     with torch.no_grad():
         p = F.softmax(lenet(truth.inputs), dim=1)[0]
-    assert torch.allclose(cap.tensors["fc3.bias"], p - y, atol=1e-6)  # ∂ℓ/∂b = p − y (seed 000 Eq. 2)
+    # ∂ℓ/∂b = p − y (Wang, Liang & He, ICLR 2024, Eq. 2)
+    assert torch.allclose(cap.tensors["fc3.bias"], p - y, atol=1e-6)
 
 
 def test_mixup_pairs_two_different_classes(lenet, mnist) -> None:

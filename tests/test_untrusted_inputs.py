@@ -117,6 +117,15 @@ def test_zero_model_hash_is_checked(gleak, env) -> None:
     assert_refused(gleak("inspect", bad), "gleak.model.sha256", "64 lower-case hex digits")
 
 
+def test_num_classes_is_checked_against_the_model(gleak, env) -> None:
+    """A capture that says C = 100 for a 10-class model used to run silently."""
+    cap = edited(FEDSGD, env["in"] / "c.safetensors", {"gleak.num_classes": "100"})
+    for command in ("labels", "inspect"):
+        assert_refused(gleak(command, cap, "--model", LENET), "gleak.num_classes = 100", "10 outputs")
+    ok = edited(FEDSGD, env["in"] / "d.safetensors", {"gleak.num_classes": "10"})
+    assert gleak("labels", ok, "--model", LENET, "-a", "llg").exit_code == 0
+
+
 # ------------------------------------------------------------------ 4. values the schema reads but the code cannot use
 
 def _aux_with_label(label: int):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from gleak.errors import GleakError
+from gleak.errors import GleakError, shorten
 
 if TYPE_CHECKING:
     from gleak.attacks.context import Context
@@ -81,6 +81,20 @@ class AttackResult:
     warnings: list[str] = field(default_factory=list)
     scores: dict[str, float] | None = None
 
+    @property
+    def labels(self) -> LabelOutput:
+        """The label output of a successful label attack (a TypeError for anything else: a caller's bug)."""
+        if not isinstance(self.output, LabelOutput):
+            raise TypeError(f"{self.attack} ({self.status}) has no label output")
+        return self.output
+
+    @property
+    def images(self) -> ImageOutput:
+        """The image output of a successful reconstruction (a TypeError for anything else: a caller's bug)."""
+        if not isinstance(self.output, ImageOutput):
+            raise TypeError(f"{self.attack} ({self.status}) has no image output")
+        return self.output
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"attack": self.attack, "status": self.status, "seconds": round(self.seconds, 6)}
         if self.reason:
@@ -144,10 +158,29 @@ def register(cls: type[Attack]) -> type[Attack]:
     return cls
 
 
-def get_attack(name: str) -> Attack:
-    if name not in REGISTRY:
-        raise GleakError(f"unknown attack '{name}'; known attacks: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]()
+def get_attack(name: str, task: str | None = None) -> Attack:
+    """A fresh instance of the attack called ``name``; with ``task``, only attacks of that task count.
+
+    An unknown name (or one of another task) is a GleakError listing the candidates, with a "did you mean"
+    drawn only from them."""
+    import difflib
+
+    candidates = sorted(n for n, cls in REGISTRY.items() if task is None or cls.task == task)
+    if name in candidates:
+        return REGISTRY[name]()
+    listed = "Known attacks" if task is None else f"{_task_noun(task).capitalize()} attacks"
+    other = REGISTRY.get(name)
+    if other is not None and task is not None:
+        what = f"'{name}' is a {_task_noun(other.task)} attack, not a {_task_noun(task)} attack."
+    else:
+        close = difflib.get_close_matches(name.lower(), candidates, n=3, cutoff=0.6)
+        what = f"unknown attack {shorten(repr(name), 60)}" + (
+            f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ".")
+    raise GleakError(f"{what} {listed}: {', '.join(candidates)}")
+
+
+def _task_noun(task: str) -> str:
+    return {"labels": "label", "reconstruct": "reconstruction"}.get(task, task)
 
 
 def attacks_for(task: str) -> list[Attack]:

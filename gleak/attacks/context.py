@@ -21,6 +21,7 @@ from gleak.errors import GleakError, shorten
 from gleak.io import tensors_sha256
 from gleak.losses import LossSpec
 from gleak.models import LastLayer, LoadedModel, find_last_layer, forward, guess_last_layer
+from gleak.models.modes import batch_norm_layers, batch_statistics, fixed_mode_reason
 
 CHUNK = 1024
 
@@ -43,6 +44,8 @@ class Context:
     gradient_note: str | None = None
     no_gradient_reason: str | None = None
     no_forward_reason: str | None = None
+    batch_stats: bool = False  # BatchNorm normalises with batch statistics, as in the client's train-mode step
+    mode_note: str | None = None  # which mode the model runs in, and why (shown in every report)
     no_batch_forward_reason: str | None = None  # the model cannot run the client's whole batch in one forward
     model_check: ModelCheck | None = None
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -51,10 +54,57 @@ class Context:
     def kind(self) -> str:
         return self.capture.kind
 
+    def model_mode(self) -> dict[str, Any] | None:
+        """Which mode the model runs in, as reports record it (None without a model)."""
+        if self.mode_note is None:
+            return None
+        return {"batch_statistics": self.batch_stats, "note": self.mode_note}
+
     @property
     def total_examples(self) -> int | None:
         """Labels behind the contribution: B for a gradient, m·B for an m-step update."""
         return None if self.batch_size is None else self.batch_size * self.local_steps
+
+    # ------------------------------------------------------------------------------- required inputs
+    # An attack's Requirements (checked before it runs) guarantee what it reads; these return the value with its
+    # Optional narrowed, or raise the same one-line GleakError check_requirements would give.
+    def require_grad_weight(self) -> torch.Tensor:
+        """The gradient view ∇W [C, d] (float64)."""
+        if self.grad_weight is None:
+            raise GleakError(self.no_gradient_reason or "needs the last layer's weight gradient")
+        return self.grad_weight
+
+    def require_grad_bias(self) -> torch.Tensor:
+        """The gradient view ∇b [C] (float64)."""
+        if self.grad_bias is None:
+            raise GleakError(f"needs the last layer's bias gradient '{self.layer.bias_key}', which the capture lacks")
+        return self.grad_bias
+
+    def require_bias(self) -> torch.Tensor:
+        """The last layer's bias b [C] (the parameter, not its gradient)."""
+        if self.layer.bias is None:
+            raise GleakError(f"needs a bias in the last layer; '{self.layer.name}' has none")
+        return self.layer.bias
+
+    def require_model(self) -> nn.Module:
+        if self.model is None:
+            raise GleakError("needs the global model (--model)")
+        return self.model
+
+    def require_batch_size(self) -> int:
+        if self.batch_size is None:
+            raise GleakError("needs the batch size: the capture has no gleak.batch_size (pass --batch-size)")
+        return self.batch_size
+
+    def require_aux(self) -> Dataset:
+        if self.aux is None:
+            raise GleakError("needs auxiliary labelled data (--aux)")
+        return self.aux
+
+    def require_input_shape(self) -> tuple[int, ...]:
+        if self.input_shape is None:
+            raise GleakError("needs the input shape (gleak.input_shape in the capture, or a zoo model)")
+        return self.input_shape
 
     # ------------------------------------------------------------------------------- requirements
     def check_requirements(self, req: Requirements) -> str | None:
@@ -94,13 +144,30 @@ class Context:
     # ------------------------------------------------------------------------------- model forwards
     def features_and_logits(self, inputs: torch.Tensor,
                             model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Last-layer inputs h [N, d] and logits z [N, C] (eval mode, no grad, chunked), on the CPU.
+        """Last-layer inputs h [N, d] and logits z [N, C] (no grad, chunked), on the CPU, in the client's mode.
 
-        ``model`` defaults to the global model; another module of the same architecture (RLU's end model) works."""
+        ``model`` defaults to the global model; another module of the same architecture (RLU's end model) works.
+        When the client trained with BatchNorm in train mode (:attr:`batch_stats`), the inputs are run in shuffled
+        batches of exactly the client's B (the last one filled up with examples from the start), so that every
+        example is normalised by the statistics of a batch like the client's, not by running averages."""
         if self.model is None or self.no_forward_reason:
             raise GleakError(self.no_forward_reason or "needs the model (--model)")
-        return forward.features_and_logits(model if model is not None else self.model, self.layer, inputs,
-                                           self.device, CHUNK)
+        model = model if model is not None else self.model
+        if not self.batch_stats or not self.batch_size or len(inputs) == 0:
+            return forward.features_and_logits(model, self.layer, inputs, self.device, CHUNK)
+        n, b = len(inputs), self.batch_size
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        padded = torch.cat([order, order.repeat(-(-b // n))[: (-n) % b]]) if n % b else order
+        feats, logits = [], []
+        with batch_statistics(model):
+            for start in range(0, len(padded), b):
+                h, z = forward.features_and_logits(model, self.layer, inputs[padded[start:start + b]], self.device, b)
+                feats.append(h)
+                logits.append(z)
+        h, z = torch.cat(feats)[:n], torch.cat(logits)[:n]
+        back = torch.empty_like(order)
+        back[order] = torch.arange(n)
+        return h[back], z[back]
 
     def aux_forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(features, logits, labels) of the whole auxiliary set, computed once."""
@@ -114,7 +181,8 @@ class Context:
 
     def predicted_class(self) -> int | None:
         """The model's prediction when a zero gradient says it already outputs the label with probability 1
-        (seed 000 App. B.3): its most frequent class on the auxiliary data, else on a blank input."""
+        (Wang, Liang & He, ICLR 2024, App. B.3): its most frequent class on the auxiliary data, else on a blank
+        input."""
         if self.model is None or self.no_forward_reason:
             return None
         if self.aux is not None:
@@ -216,7 +284,7 @@ def gradient_transform(capture: Capture, batch_size: int | None,
             return None, "this update records no gleak.learning_rate, so −Δ/η cannot be formed"
         if optimizer == "adam":
             return None, "a one-step Adam update is a normalised sign, not a scaled gradient"
-        scale = lr * (1 + capture.get("gleak.momentum", 0.0)) if optimizer == "nag" else lr
+        scale = lr * (1 + capture.value("gleak.momentum")) if optimizer == "nag" else lr
         wd = capture.get("gleak.weight_decay", 0.0)
         notes.append(f"update read as a gradient: ∇ = −Δ/{scale:g}" + (f" − {wd:g}·θ" if wd else ""))
     divisor = 1
@@ -287,10 +355,15 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
         module = model.module.to(device).eval()
         no_forward = forward.forward_problem(module, layer)
     else:
-        layer = guess_last_layer(capture.tensors, override=fc_layer)
+        layer = guess_last_layer(capture.tensors, override=fc_layer, num_classes=capture.num_classes)
         no_forward = "needs the model (--model)"
     if aux is not None and input_shape is not None and tuple(aux.input_shape) != tuple(input_shape):
         raise GleakError(f"auxiliary data has inputs {list(aux.input_shape)}, the model expects {list(input_shape)}")
+    recorded = capture.num_classes
+    if recorded is not None and recorded != layer.num_classes:
+        raise GleakError(f"the capture records gleak.num_classes = {recorded}, but the last layer "
+                         f"'{layer.name}' has {layer.num_classes} outputs: a different model, or a wrong "
+                         "--fc-layer")
     if aux is not None:
         aux.check_classes(layer.num_classes)
     history = capture.get("gleak.fl.history")
@@ -299,10 +372,34 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
                          f"{layer.num_classes} classes (one history term per bias entry)")
     b = batch_size or capture.batch_size
     no_batch = forward.batch_problem(module, b) if module is not None and not no_forward else None
+    batch_stats, mode_note = _client_mode(capture, module)
     loss = loss or LossSpec.from_metadata(capture.meta)
     gw, gb, note, reason = _gradient_view(capture, layer, b, loss)
     return Context(capture=capture, layer=layer, model=module, num_classes=layer.num_classes, batch_size=b,
                    local_steps=capture.local_steps, loss=loss, aux=aux, device=device, seed=seed,
                    input_shape=tuple(input_shape) if input_shape else None, grad_weight=gw, grad_bias=gb,
                    gradient_note=note, no_gradient_reason=reason, no_forward_reason=no_forward,
-                   no_batch_forward_reason=no_batch, model_check=model_check)
+                   no_batch_forward_reason=no_batch, model_check=model_check, batch_stats=batch_stats,
+                   mode_note=mode_note)
+
+
+def _client_mode(capture: Capture, module: nn.Module | None) -> tuple[bool, str | None]:
+    """Whether attacks run BatchNorm with batch statistics (the client's train mode), and the note that says so.
+
+    ``gleak.model.train_mode`` is honoured; a capture without it is read as train mode, as clients train."""
+    if module is None:
+        return False, None
+    layers = batch_norm_layers(module)
+    recorded = capture.get("gleak.model.train_mode")
+    train = True if recorded is None else bool(recorded)
+    source = "as the capture records" if recorded is not None else "gleak.model.train_mode not recorded: assumed"
+    if not layers:
+        fixed = fixed_mode_reason(module)
+        if train and fixed:
+            return False, f"train mode requested ({source}), but {fixed}; BatchNorm uses its running averages"
+        return False, (f"{'train' if train else 'eval'} mode ({source}); no BatchNorm layers, so both modes give "
+                       "the same forward pass (dropout off)")
+    if not train:
+        return False, f"eval mode ({source}): BatchNorm uses its running averages"
+    return True, (f"train mode ({source}): BatchNorm uses the statistics of each batch of B = "
+                  f"{capture.batch_size or '?'}; dropout off")

@@ -40,8 +40,9 @@ def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: tor
             progress(attack.name)
         result = run_attack(attack, ctx)
         if truth_counts is not None and result.output is not None:
-            result.scores = label_scores(result.output.counts, truth_counts)
-            if truth_soft is not None and result.output.soft_label is not None:
-                result.scores.update(soft_label_scores(result.output.soft_label, truth_soft))
+            out = result.labels
+            result.scores = label_scores(out.counts, truth_counts)
+            if truth_soft is not None and out.soft_label is not None:
+                result.scores.update(soft_label_scores(out.soft_label, truth_soft))
         results.append(result)
     return results

@@ -1,11 +1,17 @@
-"""The `gleak` command line: one Typer app, one module per command (thin: parse, call, render)."""
+"""The `gleak` command line: one Typer app, one module per command (thin: parse, call, render).
+
+Importing this package (and every command module) must not import torch: `gleak --help`, `gleak COMMAND --help`,
+`gleak --version` and usage errors run without it. Each command imports what it needs when it runs."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from gleak import __version__
 from gleak.cli.attacks_cmd import attacks
-from gleak.cli.common import GleakGroup
+from gleak.cli.common import GleakCommand, GleakGroup, ThreadsOpt
 from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
 from gleak.cli.reconstruct_cmd import reconstruct
@@ -19,12 +25,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command()(inspect)
-app.command()(attacks)
-app.command()(simulate)
-app.command()(labels)
-app.command()(reconstruct)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"gleak {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print gleak's version and exit.", is_eager=True,
+                                          callback=_show_version)] = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Global options; the commands read --threads from the context when they run (see common.apply_threads)."""
+
+
+for _command in (inspect, attacks, simulate, labels, reconstruct):
+    app.command(cls=GleakCommand)(_command)
 
 
 def main() -> None:
+    """The console script's entry point."""
     app()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from gleak.attacks import REGISTRY
 from gleak.cli.common import console, handle_errors, print_json
 from gleak.errors import GleakError
 
@@ -15,8 +14,11 @@ from gleak.errors import GleakError
 @handle_errors
 def attacks(format: Annotated[str, typer.Option("--format", help="table or json.")] = "table") -> None:
     """List every attack: task, requirements, paper."""
-    rows = [{"name": cls.name, "task": cls.task, "summary": cls.summary, "requires": cls.requires.describe(),
-             "paper": cls.paper} for cls in REGISTRY.values()]
+    from gleak.attacks import REGISTRY
+
+    rows: list[dict[str, Any]] = [
+        {"name": cls.name, "task": cls.task, "summary": cls.summary, "requires": cls.requires.describe(),
+         "paper": cls.paper} for cls in REGISTRY.values()]
     if format == "json":
         print_json(rows)
         return

@@ -1,25 +1,33 @@
-"""Shared CLI plumbing: consoles, option types, error handling (exit 2 on bad input), model opening."""
+"""Shared CLI plumbing: consoles, option types, error handling (exit 2 on bad input), threads, devices.
+
+Nothing here imports torch at module level: `gleak --help`, `--version` and usage errors must stay fast, so torch
+is imported inside the functions that need it (`apply_threads`, `resolve_device`)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
 import math
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import torch
 import typer
 from rich.console import Console
 from rich.markup import escape
 from typer._click import exceptions as click_exceptions
-from typer.core import TyperGroup
+from typer._click import globals as click_globals
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from gleak.errors import GleakError, shorten
+
+if TYPE_CHECKING:
+    import torch
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -86,12 +94,52 @@ def fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {escape(shorten(line, MAX_MESSAGE))}", soft_wrap=True, emoji=False)
 
 
+def deferred(module: str, name: str) -> Callable[..., Any]:
+    """A stand-in for ``module.name`` that imports it on the first call.
+
+    Command modules bind their heavy callables (torch-backed loaders, attacks, writers) this way: the CLI starts
+    without torch, and each name stays a module attribute that tests can monkeypatch."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"{module}.{name}, imported on first use."
+    return call
+
+
+def _plain_placeholders(params: list[Any]) -> list[Any]:
+    """Show arguments as ``CAPTURE`` and flags (``--force``, ``--help``) without a ``<bool>`` type column."""
+    for param in params:
+        if isinstance(param, TyperArgument) and param.metavar is None:
+            param.metavar = (param.name or "").upper()
+        elif getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # a flag takes no value
+    return params
+
+
+class GleakCommand(TyperCommand):
+    """A command whose help shows arguments as ``CAPTURE`` (not ``{capture}``) and flags without ``<bool>``."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_placeholders(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """Typer wraps required arguments in braces; the usage line reads better without them."""
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
+
+
 class GleakGroup(TyperGroup):
     """The command group: Click's usage errors (bad option values, unknown options, missing arguments) become
     one ``error:`` line on stderr and exit 2, like every other bad input, instead of a multi-line panel."""
 
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_placeholders(super().get_params(ctx))
+
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+             complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
+             **extra: Any) -> Any:
+        extra["windows_expand_args"] = windows_expand_args
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
@@ -119,6 +167,9 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         logging.getLogger("pyswarms").setLevel(logging.WARNING)
         try:
+            threads = apply_threads(requested_threads())
+            if kwargs.get("verbose"):
+                err_console.print(f"[dim]threads: {threads} (--threads / GLEAK_THREADS)[/]")
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
@@ -144,7 +195,66 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+THREADS_ENV = "GLEAK_THREADS"
+MAX_THREADS = 1024
+
+
+def default_threads() -> int:
+    """torch's CPU threads when neither --threads nor GLEAK_THREADS is given: one.
+
+    Measured on a 2-core machine (bench/startup.py --threads): alone, one thread and torch's default (one per
+    core) tie; beside another CPU-bound job, torch's default collapses (its threads wait on each other) while one
+    thread keeps its speed. The small models gleak attacks gain little from intra-op parallelism."""
+    return 1
+
+
+def requested_threads() -> int | None:
+    """The thread count asked for: ``gleak --threads N`` (or GLEAK_THREADS, which Click reads for it) when
+    running under the CLI, else GLEAK_THREADS; None when neither is set."""
+    ctx = click_globals.get_current_context(silent=True)
+    if ctx is not None:
+        value = ctx.find_root().params.get("threads")
+        if value is not None:
+            return int(value)
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise GleakError(f"{THREADS_ENV} must be a whole number of threads, got {shorten(text, 40)!r}") from None
+    if not 1 <= value <= MAX_THREADS:
+        raise GleakError(f"{THREADS_ENV} must be between 1 and {MAX_THREADS}, got {value}")
+    return value
+
+
+def apply_threads(requested: int | None) -> int:
+    """Set torch's intra-op CPU threads (``requested`` or the default) before any work; returns the count."""
+    import torch
+
+    count = requested if requested is not None else default_threads()
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+    return torch.get_num_threads()
+
+
+def threads_in_use() -> int:
+    """torch's current intra-op CPU thread count (what reports record)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+ThreadsOpt = Annotated[int | None, typer.Option(
+    "--threads", envvar=THREADS_ENV, show_envvar=True, callback=number(1, MAX_THREADS),
+    help="CPU threads for torch (default 1: steady on a shared machine; more can help large models on idle "
+    "cores).")]
+
+
 def resolve_device(device: str) -> torch.device:
+    """The torch device for ``auto``, ``cpu`` or ``cuda[:N]``."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":

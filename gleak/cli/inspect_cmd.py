@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from gleak.capture import SCHEMA, check_model_hash, load_capture, truth_path_for, validate_against_model
 from gleak.cli.common import (
     AllowMismatchOpt,
     ArchKwargsOpt,
@@ -20,16 +20,29 @@ from gleak.cli.common import (
     TrustPickleOpt,
     VerboseOpt,
     console,
+    deferred,
     handle_errors,
     print_json,
 )
 from gleak.errors import GleakError
-from gleak.models import find_last_layer, guess_last_layer, load_model
+
+if TYPE_CHECKING:
+    from gleak.capture import check_model_hash, load_capture, truth_path_for, validate_against_model
+    from gleak.models import find_last_layer, guess_last_layer, load_model
+else:  # imported on first use: the CLI starts without torch
+    check_model_hash = deferred("gleak.capture", "check_model_hash")
+    load_capture = deferred("gleak.capture", "load_capture")
+    truth_path_for = deferred("gleak.capture", "truth_path_for")
+    validate_against_model = deferred("gleak.capture", "validate_against_model")
+    find_last_layer = deferred("gleak.models", "find_last_layer")
+    guess_last_layer = deferred("gleak.models", "guess_last_layer")
+    load_model = deferred("gleak.models", "load_model")
 
 
-def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None,
-                       allow_model_mismatch: bool = False) -> dict[str, str | None]:
-    """Each registered attack -> None when it can run here, else the reason (auxiliary data assumed given)."""
+def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None, allow_model_mismatch: bool = False
+                       ) -> tuple[dict[str, str | None], dict[str, Any] | None]:
+    """Each registered attack -> None when it can run here, else the reason (auxiliary data assumed given);
+    and the mode the attacks run the model in."""
     from gleak.attacks import REGISTRY, build_context
     from gleak.data import Dataset
 
@@ -38,7 +51,7 @@ def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None,
         import torch
 
         ctx.aux = Dataset(torch.zeros(1, *ctx.input_shape), torch.zeros(1, dtype=torch.long), (0.0,), (1.0,))
-    return {name: cls().not_applicable(ctx) for name, cls in REGISTRY.items()}
+    return {name: cls().not_applicable(ctx) for name, cls in REGISTRY.items()}, ctx.model_mode()
 
 
 def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch_kwargs: str | None,
@@ -62,7 +75,7 @@ def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch
         "model": None,
     }
     if model_path is None:
-        layer = guess_last_layer(capture.tensors, override=fc_layer)
+        layer = guess_last_layer(capture.tensors, override=fc_layer, num_classes=capture.num_classes)
     else:
         loaded = load_model(model_path, arch, arch_kwargs, trust_pickle)
         validate_against_model(capture, loaded.module)
@@ -72,7 +85,7 @@ def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch
                          "matches_capture": None if check.recorded is None else check.status == "match"}
         shape = capture.input_shape or loaded.input_shape
         layer = find_last_layer(loaded.module, capture.tensors, input_shape=shape, override=fc_layer)
-        info["attacks"] = applicable_attacks(capture, loaded, fc_layer, allow_model_mismatch)
+        info["attacks"], info["model"]["mode"] = applicable_attacks(capture, loaded, fc_layer, allow_model_mismatch)
     info["last_layer"] = {
         "name": layer.name, "weight_key": layer.weight_key, "bias_key": layer.bias_key,
         "weight_shape": [layer.num_classes, layer.feature_dim], "has_bias": layer.bias_key is not None,
@@ -82,6 +95,8 @@ def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch
 
 
 def _render(info: dict[str, Any], verbose: bool) -> None:
+    from gleak.capture import SCHEMA
+
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
@@ -98,6 +113,8 @@ def _render(info: dict[str, Any], verbose: bool) -> None:
                         "(--allow-model-mismatch)[/]"}[model["matches_capture"]]
         summary.add_row("model", f"{model['file']} ({model['source']})")
         summary.add_row("", match)
+        if model.get("mode"):
+            summary.add_row("", escape(model["mode"]["note"]))
     console.print(Panel(summary, title=f"gleak inspect — {info['file']}", expand=False))
 
     layer = info["last_layer"]

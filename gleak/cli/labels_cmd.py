@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from gleak.attacks.base import AttackResult
-from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.cli.common import (
     MAX_BATCH,
     AllowMismatchOpt,
@@ -25,15 +23,33 @@ from gleak.cli.common import (
     TrustPickleOpt,
     VerboseOpt,
     console,
+    deferred,
     err_console,
     handle_errors,
     number,
     print_json,
+    threads_in_use,
 )
-from gleak.cli.inputs import open_inputs
 from gleak.errors import GleakError, shorten
-from gleak.io import check_writable, write_text_atomic
-from gleak.metrics.labels import chance_scores, truth_counts
+
+if TYPE_CHECKING:
+    import torch
+
+    from gleak.attacks import get_attack
+    from gleak.attacks.base import AttackResult
+    from gleak.attacks.plan import run_label_attacks, select_attacks
+    from gleak.cli.inputs import open_inputs
+    from gleak.io import check_writable, write_text_atomic
+    from gleak.metrics.labels import chance_scores, truth_counts
+else:  # torch and the attacks load when the command runs, not when the CLI starts
+    get_attack = deferred("gleak.attacks", "get_attack")  # the package: importing it registers every attack
+    run_label_attacks = deferred("gleak.attacks.plan", "run_label_attacks")
+    select_attacks = deferred("gleak.attacks.plan", "select_attacks")
+    open_inputs = deferred("gleak.cli.inputs", "open_inputs")
+    check_writable = deferred("gleak.io", "check_writable")
+    write_text_atomic = deferred("gleak.io", "write_text_atomic")
+    chance_scores = deferred("gleak.metrics.labels", "chance_scores")
+    truth_counts = deferred("gleak.metrics.labels", "truth_counts")
 
 SHOWN = 12
 AUGMENTATIONS = ("auto", "smoothing", "mixup")
@@ -41,6 +57,8 @@ AUGMENTATIONS = ("auto", "smoothing", "mixup")
 
 def compact(counts: torch.Tensor | list[int], limit: int = SHOWN) -> str:
     """'3×2 7×1' (class×count), the largest counts first past ``limit`` entries."""
+    import torch
+
     pairs = [(c, int(n)) for c, n in enumerate(torch.as_tensor(counts).tolist()) if n]
     if len(pairs) > limit:
         top = sorted(pairs, key=lambda p: -p[1])[:limit]
@@ -49,6 +67,7 @@ def compact(counts: torch.Tensor | list[int], limit: int = SHOWN) -> str:
 
 
 def report(inputs: Any, results: list[AttackResult], counts: torch.Tensor | None) -> dict[str, Any]:
+    """The JSON report: the capture, the loss, the truth and chance baseline, each attack's result, the threads."""
     ctx = inputs.ctx
     return {
         "capture": str(ctx.capture.path), "kind": ctx.kind, "batch_size": ctx.batch_size,
@@ -59,9 +78,11 @@ def report(inputs: Any, results: list[AttackResult], counts: torch.Tensor | None
                  "focal_alpha": ctx.loss.focal_alpha},
         "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
         "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
+        "model_mode": ctx.model_mode(),
         "truth_counts": counts.tolist() if counts is not None else None,
         "chance": chance_scores(counts) if counts is not None else None,
         "results": [r.to_json() for r in results],
+        "threads": threads_in_use(),
     }
 
 
@@ -70,6 +91,8 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
             + (f", m = {data['local_steps']} steps" if data["local_steps"] > 1 else "")
             + f", C = {data['num_classes']}, last layer '{data['last_layer']}'")
     console.print(head)
+    if data.get("model_mode"):
+        console.print(f"[dim]model: {escape(data['model_mode']['note'])}[/]", soft_wrap=True)
     if data["truth_counts"] is not None:
         console.print(f"truth: {compact(data['truth_counts'])}   [dim]chance (random guessing): iAcc "
                       f"{data['chance']['iacc']:.3f}, cAcc {data['chance']['cacc']:.3f}[/]")
@@ -88,7 +111,7 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
             reasons.setdefault(f"{label}: {r.reason}", []).append(r.attack)
             table.add_row(f"[dim]{r.attack}[/]", label, "", *([""] * 4 if scored else []))
             continue
-        cells = [r.attack + (" [yellow]⚠[/]" if r.warnings else ""), compact(r.output.counts), _time(r.seconds)]
+        cells = [r.attack + (" [yellow]⚠[/]" if r.warnings else ""), compact(r.labels.counts), _time(r.seconds)]
         if scored and r.scores:
             s = r.scores
             colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
@@ -96,7 +119,7 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
                       f"{s['chance_iacc']:.3f}"]
         table.add_row(*cells)
     console.print(table)
-    soft_rows = [r for r in results if r.output is not None and r.output.soft_label is not None]
+    soft_rows = [r for r in results if r.output is not None and r.labels.soft_label is not None]
     if soft_rows:
         render_soft_labels(data, soft_rows)
     for reason, names in reasons.items():
@@ -108,9 +131,11 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
 
 def render_soft_labels(data: dict[str, Any], rows: list[AttackResult]) -> None:
     """Soft labels of one example, one row per class (classes with mass, at most 20), truth first."""
+    import torch
+
     truth = data.get("truth_soft_label")
     vectors = [torch.as_tensor(truth)] if truth is not None else []
-    vectors += [r.output.soft_label for r in rows]
+    vectors += [v for r in rows if (v := r.labels.soft_label) is not None]
     mass = torch.stack([v.double().abs() for v in vectors]).max(0).values
     shown = [c for c in torch.argsort(mass, descending=True).tolist() if mass[c] > 1e-4][:20]
     table = Table(title="soft label of the example", title_justify="left")
@@ -123,7 +148,7 @@ def render_soft_labels(data: dict[str, Any], rows: list[AttackResult]) -> None:
         table.add_row(str(c), *[f"{float(v[c]):.5f}" for v in vectors])
     console.print(table)
     for r in rows:
-        d = r.output.diagnostics
+        d = r.labels.diagnostics
         if d.get("augmentation") == "smoothing":
             what = f"label smoothing, class {d['class']}, ε = {d['epsilon']:.5f}"
         elif d.get("augmentation") == "mixup":
@@ -177,10 +202,14 @@ def labels(
     verbose: VerboseOpt = False,
 ) -> None:
     """Recover the labels behind a capture with every applicable attack; score them when truth is known."""
+    import torch
+
     if format not in ("table", "json"):
         raise GleakError(f"--format must be table or json, got '{format}'")
     if augmentation is not None and augmentation not in AUGMENTATIONS:
         raise GleakError(f"--augmentation must be one of {', '.join(AUGMENTATIONS)}, got {shorten(augmentation, 40)!r}")
+    for name in attack or []:  # suggestions and the list name label attacks only
+        get_attack(name, task="labels")
     chosen = select_attacks("labels", attack)
     if output is not None:
         check_writable(output, force)
@@ -195,8 +224,10 @@ def labels(
         labels_ = inputs.truth.labels
         truth_soft = labels_[0].double() if labels_.dim() == 2 else torch.nn.functional.one_hot(
             labels_[0], inputs.ctx.num_classes).double()
+    from gleak.attacks.labels.softlabel import SoftLabel
+
     for a in chosen:
-        if a.name == "softlabel":
+        if isinstance(a, SoftLabel):
             a.augmentation = augmentation or "auto"
     results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft)
     data = report(inputs, results, counts)

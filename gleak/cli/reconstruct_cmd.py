@@ -5,18 +5,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gleak.attacks.base import ImageOutput, get_attack, jsonable, run_attack
-from gleak.attacks.context import Context
-from gleak.attacks.reconstruct.base import ReconOptions, ReconstructionAttack, to_pixels
-from gleak.attacks.reconstruct.inputs import describe_targets, prepare
-from gleak.attacks.reconstruct.objective import DISTANCES
 from gleak.cli.common import (
     MAX_BATCH,
     AllowMismatchOpt,
@@ -30,17 +25,41 @@ from gleak.cli.common import (
     TrustPickleOpt,
     VerboseOpt,
     console,
+    deferred,
     err_console,
     handle_errors,
     number,
     print_json,
 )
-from gleak.cli.inputs import open_inputs
 from gleak.errors import GleakError, shorten
-from gleak.io import OutputSet, check_output_location, safetensors_bytes
-from gleak.metrics.images import image_scores
-from gleak.metrics.perceptual import load_lpips
-from gleak.report.images import grid, png_bytes
+
+if TYPE_CHECKING:
+    from gleak.attacks.base import get_attack, jsonable, run_attack
+    from gleak.attacks.context import Context
+    from gleak.attacks.reconstruct.base import ReconOptions, ReconstructionAttack, to_pixels
+    from gleak.attacks.reconstruct.inputs import describe_targets, prepare
+    from gleak.cli.inputs import open_inputs
+    from gleak.io import OutputSet, check_output_location, safetensors_bytes
+    from gleak.metrics.images import image_scores
+    from gleak.metrics.perceptual import load_lpips
+    from gleak.report.images import grid, png_bytes
+else:  # torch, the attacks, metrics and image writers load when the command runs, not when the CLI starts
+    get_attack = deferred("gleak.attacks", "get_attack")  # the package: importing it registers every attack
+    run_attack = deferred("gleak.attacks", "run_attack")
+    jsonable = deferred("gleak.attacks.base", "jsonable")
+    ReconOptions = deferred("gleak.attacks.reconstruct.base", "ReconOptions")
+    to_pixels = deferred("gleak.attacks.reconstruct.base", "to_pixels")
+    describe_targets = deferred("gleak.attacks.reconstruct.inputs", "describe_targets")
+    prepare = deferred("gleak.attacks.reconstruct.inputs", "prepare")
+    open_inputs = deferred("gleak.cli.inputs", "open_inputs")
+    OutputSet = deferred("gleak.io", "OutputSet")
+    check_output_location = deferred("gleak.io", "check_output_location")
+    safetensors_bytes = deferred("gleak.io", "safetensors_bytes")
+    image_scores = deferred("gleak.metrics.images", "image_scores")
+    load_lpips = deferred("gleak.metrics.perceptual", "load_lpips")
+    grid = deferred("gleak.report.images", "grid")
+    png_bytes = deferred("gleak.report.images", "png_bytes")
+
 
 FIXED_OUTPUTS = ("grid.png", "metrics.json", "images.safetensors")
 MAX_ITERATIONS = 10_000_000
@@ -50,10 +69,10 @@ MAX_RESTARTS = 1_000
 def choose_attack(ctx: Context, name: str) -> ReconstructionAttack:
     """The named attack, or for ``auto``: fcn where it applies, feature for one example, else ig."""
     if name != "auto":
-        attack = get_attack(name)
-        if attack.task != "reconstruct":
-            raise GleakError(f"'{name}' is a {attack.task} attack; reconstruction attacks: dlg, ig, feature, fcn")
-        return attack  # type: ignore[return-value]
+        try:  # only reconstruction attacks are listed or suggested: a label attack is never the fix here
+            return get_attack(name, task="reconstruct")  # type: ignore[return-value]
+        except GleakError as e:
+            raise GleakError(f"{e}, or auto") from None
     fcn = get_attack("fcn")
     if fcn.not_applicable(ctx) is None:
         return fcn  # type: ignore[return-value]
@@ -76,7 +95,7 @@ def check_output_dir(folder: Path, force: bool) -> None:
 def reconstruct(
     capture: Annotated[Path, typer.Argument(help="Capture file (.safetensors).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the images and metrics.json.")],
-    model: Annotated[Path | None, typer.Option("--model", "-M", help="Global model file.")] = None,
+    model: Annotated[Path | None, typer.Option("--model", "-M", help="Global model file (required).")] = None,
     attack: Annotated[str, typer.Option("--attack", "-a", help="dlg, ig, feature, fcn, or auto (fcn where it "
                                         "applies, feature for one example, else ig).")] = "auto",
     labels: Annotated[str, typer.Option(help="auto (recover them), truth (the companion file) or a JSON "
@@ -115,6 +134,11 @@ def reconstruct(
     verbose: VerboseOpt = False,
 ) -> None:
     """Reconstruct the client's inputs; write a PNG grid, one PNG per image and metrics.json."""
+    import torch
+
+    from gleak.attacks.base import ImageOutput
+    from gleak.attacks.reconstruct.objective import DISTANCES
+
     if format not in ("table", "json"):
         raise GleakError(f"--format must be table or json, got '{format}'")
     if lpips not in ("alex", "vgg", "off"):
@@ -152,13 +176,17 @@ def reconstruct(
         "seconds": round(result.seconds, 3), "total_seconds": None,
         "diagnostics": jsonable(result.output.diagnostics), "warnings": result.warnings, "metrics": None,
         "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
-        "ignored_options": ignored,
+        "model_mode": ctx.model_mode(),
+        "ignored_options": ignored, "threads": torch.get_num_threads(), "baseline": None,
     }
+    data["labels"]["classes"] = prepared.targets.argmax(1).tolist()  # top class per reconstruction, in order
     if prepared.label_result is not None:
         data["labels"]["attack_seconds"] = round(prepared.label_result.seconds, 3)
-    iters = result.output.diagnostics.get("iterations_run")
-    if iters:
-        data["iterations_per_second"] = round(iters / result.seconds, 2)
+    # iterations are Adam steps or L-BFGS outer steps; an L-BFGS step runs many objective evaluations
+    for work, key in (("iterations_run", "iterations_per_second"), ("evaluations_run", "evaluations_per_second")):
+        done = result.output.diagnostics.get(work)
+        if done and result.seconds > 0:
+            data[key] = round(done / result.seconds, 2)
     truth_pixels = to_pixels(ctx, inputs.truth.inputs) if inputs.truth is not None else None
     if truth_pixels is not None:
         if truth_pixels.shape != images.shape:
@@ -168,6 +196,14 @@ def reconstruct(
         scores = image_scores(images, truth_pixels, scorer)
         images = images[scores["matching"]]  # recon_k now pairs with truth image k
         data["metrics"] = jsonable(scores)
+        from gleak.report.images import BASELINE_MARGIN, baseline_psnr
+
+        floor, kind = baseline_psnr(truth_pixels)
+        beats = scores["mean"]["psnr"] >= floor + BASELINE_MARGIN
+        data["baseline"] = {"psnr": round(floor, 2), "kind": kind, "margin_db": BASELINE_MARGIN, "beaten": beats,
+                            "statement": None if beats else
+                            f"no better than a blank/mean-image baseline ({floor:.2f} dB, {kind}): mean PSNR "
+                            f"{scores['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it"}
     data["total_seconds"] = round(time.perf_counter() - started, 3)
     written = _write(output, images, truth_pixels, data, force)
     if format == "json":
@@ -177,27 +213,50 @@ def reconstruct(
 
 
 def _run_with_progress(attack: ReconstructionAttack, ctx: Context, quiet: bool) -> Any:
+    """Run the attack under a progress bar: steps over all restarts, best loss, time elapsed and left."""
+    from rich.progress import TimeRemainingColumn
+
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TextColumn("eta"),
+               TimeRemainingColumn())
     # a bar only on a terminal: logs (CI) get no redraw residue, and a failed run prints just its error line
     with Progress(*columns, console=err_console, disable=quiet or not err_console.is_terminal,
                   transient=True) as bar:
         task = bar.add_task(f"{attack.name} (restart 1)", total=None, loss="—")
 
+        restarts = attack.options.restarts
+
         def progress(restart: int, it: int, total: int, loss: float) -> None:
-            bar.update(task, total=total, completed=it, loss=f"{loss:.3e}",
-                       description=f"{attack.name} (restart {restart + 1}/{attack.options.restarts})")
+            # the bar spans every restart, so that the time left covers the whole run
+            bar.update(task, total=total * restarts, completed=restart * total + it, loss=f"{loss:.3e}",
+                       description=f"{attack.name} (restart {restart + 1}/{restarts})")
 
         attack.options.progress = progress
         return run_attack(attack, ctx)
 
 
 def _write(folder: Path, images: Any, truth: Any, data: dict[str, Any], force: bool) -> list[Path]:
-    """Every output file appears together, or (on any failure) none does."""
+    """Every output file appears together, or (on any failure) none does.
+
+    The grid and the per-image PNGs are enlarged alike; each grid cell is captioned with the label the
+    attack used and, with ground truth, its PSNR and SSIM."""
+    from gleak.report.images import enlarge
+
     rows = [truth, images] if truth is not None else [images]
+    m = data["metrics"]
+    order = m["matching"] if m is not None else list(range(len(images)))
+    classes = data["labels"].get("classes") or []
+    captions = []
+    for k, source in enumerate(order):
+        lines = [f"label {classes[source]}" if source < len(classes) else "label ?"]
+        if m is not None:
+            p, q = m["psnr"][k], m["ssim"][k]  # None: not finite (identical images give +inf dB)
+            lines += ["exact" if p is None else f"{p:.1f} dB", f"SSIM {_num(q, 2)}"]
+        captions.append(lines)
+    shown = enlarge(images.float())
     with OutputSet(folder, force) as out:
-        out.write_bytes("grid.png", png_bytes(grid(rows)))
-        for i, image in enumerate(images):
+        out.write_bytes("grid.png", png_bytes(grid(rows, captions=captions)))
+        for i, image in enumerate(shown):
             out.write_bytes(f"recon_{i:03d}.png", png_bytes(image))
         out.write_bytes("images.safetensors", safetensors_bytes(
             {"images": images.contiguous()}, {"gleak.kind": "reconstruction", "gleak.attack": data["attack"]}))
@@ -220,9 +279,21 @@ def _render(data: dict[str, Any], written: list[Path]) -> None:
     console.print(f"[bold]{data['capture']}[/]: {data['attack']} ({data['paper']}), B = {data['batch_size']}, "
                   f"labels {data['labels']['source']}"
                   + (f", feature from {data['feature_source']}" if data["feature_source"] else ""), soft_wrap=True)
+    if data.get("model_mode"):
+        console.print(f"[dim]model: {escape(data['model_mode']['note'])}[/]", soft_wrap=True)
     d = data["diagnostics"]
-    speed = f", {data['iterations_per_second']:.1f} it/s" if data.get("iterations_per_second") else ""
-    console.print(f"time {data['seconds']:.1f} s{speed}" + (f", final loss {d['loss']:.3e}" if "loss" in d else ""))
+    work = ""
+    if d.get("iterations_run"):
+        work = f", {d['iterations_run']:,} iterations"
+        if d.get("evaluations_run"):
+            work += f" ({d['evaluations_run']:,} objective evaluations)"
+    speeds = [f"{data[key]:.1f} {unit}/s" for key, unit in (("iterations_per_second", "iterations"),
+                                                            ("evaluations_per_second", "evaluations"))
+              if data.get(key)]
+    speed = f": {', '.join(speeds)}" if speeds else ""
+    threads = f"{data['threads']} thread{'s' if data['threads'] != 1 else ''}"
+    console.print(f"time {data['seconds']:.1f} s on {threads}{work}{speed}"
+                  + (f", final loss {d['loss']:.3e}" if "loss" in d else ""), soft_wrap=True)
     m = data["metrics"]
     if m is not None:
         table = Table(title="reconstruction vs truth (matched one-to-one)", title_justify="left")
@@ -236,6 +307,11 @@ def _render(data: dict[str, Any], written: list[Path]) -> None:
         console.print(table)
         if m["lpips"] is None:
             console.print(f"[yellow]LPIPS not computed:[/] {m['lpips_info'].get('unavailable')}", soft_wrap=True)
+        base = data.get("baseline")
+        if base is not None and base["statement"]:
+            console.print(f"[bold red]{base['statement']}[/]", soft_wrap=True)
+        elif base is not None:
+            console.print(f"baseline ({base['kind']}): {base['psnr']:.2f} dB", soft_wrap=True)
     else:
         console.print("[dim]no ground truth: images are written unscored[/]")
     for w in data["warnings"]:

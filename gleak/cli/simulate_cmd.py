@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gleak.capture import save_capture, save_truth, truth_path_for
 from gleak.cli.common import (
     MAX_BATCH,
     MAX_STEPS,
@@ -20,17 +19,33 @@ from gleak.cli.common import (
     TrustPickleOpt,
     VerboseOpt,
     console,
+    deferred,
     handle_errors,
     number,
     resolve_device,
 )
-from gleak.data import load_dataset
 from gleak.errors import GleakError
-from gleak.io import OutputSet, check_writable
-from gleak.losses import LossSpec
-from gleak.metrics.labels import truth_counts
-from gleak.models import load_model
-from gleak.simulate import ClientConfig, simulate_client
+
+if TYPE_CHECKING:
+    from gleak.capture import save_capture, save_truth, truth_path_for
+    from gleak.data import load_dataset
+    from gleak.io import OutputSet, check_writable
+    from gleak.losses import LossSpec
+    from gleak.metrics.labels import truth_counts
+    from gleak.models import load_model
+    from gleak.simulate import ClientConfig, simulate_client
+else:  # imported on first use: the CLI starts without torch
+    save_capture = deferred("gleak.capture", "save_capture")
+    save_truth = deferred("gleak.capture", "save_truth")
+    truth_path_for = deferred("gleak.capture", "truth_path_for")
+    load_dataset = deferred("gleak.data", "load_dataset")
+    OutputSet = deferred("gleak.io", "OutputSet")
+    check_writable = deferred("gleak.io", "check_writable")
+    LossSpec = deferred("gleak.losses", "LossSpec")
+    truth_counts = deferred("gleak.metrics.labels", "truth_counts")
+    load_model = deferred("gleak.models", "load_model")
+    ClientConfig = deferred("gleak.simulate", "ClientConfig")
+    simulate_client = deferred("gleak.simulate", "simulate_client")
 
 
 def parse_labels(text: str | None) -> tuple[int, ...] | None:

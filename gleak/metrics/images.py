@@ -1,11 +1,12 @@
-"""Image-reconstruction metrics: PSNR, SSIM, LPIPS after optimal one-to-one matching (METHODS §13).
+"""Image-reconstruction metrics: PSNR, SSIM, LPIPS after optimal one-to-one matching.
 
 A batch reconstruction comes out in any order, so each reconstruction is first paired with one true image
 by the Hungarian method (scipy ``linear_sum_assignment``) on the mean squared error; the metrics are then
 per matched pair and averaged. Images are float tensors [N, C, H, W] in [0, 1]. PSNR and SSIM come from
-scikit-image with its defaults, as seed 000 computes them (SSIM: 7×7 uniform window, sample covariance,
-K = 0.01/0.03, averaged over channels), except that we use data range 1 on float images where seed 000
-passes uint8 images with data_range = 256 (which reads about 0.03 dB higher than the correct 255).
+scikit-image with its defaults, as Wang, Liang & He (ICLR 2024) compute them (SSIM: 7×7 uniform window,
+sample covariance, K = 0.01/0.03, averaged over channels), except that we use data range 1 on float images
+where their code passes uint8 images with data_range = 256 (which reads about 0.03 dB higher than the
+correct 255). Details: docs/methods/reconstruction.md#metrics.
 """
 
 from __future__ import annotations

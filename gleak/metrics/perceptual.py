@@ -119,7 +119,7 @@ def _assign_trunk(module: nn.Module, trunk: dict[int, dict[str, torch.Tensor]]) 
     """Copy conv weights into lpips' sliced trunk, whose parameters are named slice{k}.{features index}.{w|b}."""
     seen = set()
     with torch.no_grad():
-        for name, param in module.net.named_parameters():
+        for name, param in module.get_submodule("net").named_parameters():
             _slice, index, kind = name.split(".")
             source = trunk[int(index)][kind]
             if source.shape != param.shape:

@@ -363,7 +363,7 @@ def _sympy_classes() -> frozenset[str]:
         import torch.utils._sympy.functions as functions
     except ImportError:
         return frozenset()
-    found = set()
+    found: set[str] = set()
     for namespace in (vars(sympy), vars(functions)):
         found.update(n for n, v in namespace.items()
                      if isinstance(v, type) and issubclass(v, sympy.Basic) and not n.startswith("_"))

@@ -70,8 +70,10 @@ def find_last_layer(
     return _build(state, choice, tensors)
 
 
-def guess_last_layer(tensors: Mapping[str, torch.Tensor], override: str | None = None) -> LastLayer:
-    """Best guess from a capture alone (no model): the last 2-D ``.weight`` with a matching bias.
+def guess_last_layer(tensors: Mapping[str, torch.Tensor], override: str | None = None,
+                     num_classes: int | None = None) -> LastLayer:
+    """Best guess from a capture alone (no model): the last 2-D ``.weight`` with a matching bias; with
+    ``num_classes`` (the capture's ``gleak.num_classes``), only weights with that many rows, if any.
 
     Names are ordered naturally (``layer10`` after ``layer2``) because safetensors files store them sorted.
     Without a model, ``weight``/``bias`` of the result hold the captured tensors themselves.
@@ -80,7 +82,13 @@ def guess_last_layer(tensors: Mapping[str, torch.Tensor], override: str | None =
     if override is not None:
         choice = _override_choice(state, override)
     else:
-        choice = _fallback(state, None, "no --model given, so this is a guess from the capture's tensor names")
+        why = "no --model given, so this is a guess from the capture's tensor names"
+        rows = {k: v for k, v in state.items() if k.endswith("weight") and v.dim() == 2 and v.shape[0] == num_classes}
+        if rows:  # other 2-D weights cannot be the logits layer
+            state_for_guess = {k: v for k, v in state.items() if k in rows or not k.endswith("weight")}
+            choice = _fallback(state_for_guess, None, f"{why} and gleak.num_classes = {num_classes}")
+        else:
+            choice = _fallback(state, None, why)
     return _build(state, choice, state)
 
 

@@ -1,4 +1,9 @@
-"""Load and save models: safetensors + arch spec, state dicts, TorchScript, torch.export, trusted pickles."""
+"""Load and save models: safetensors + arch spec, state dicts, TorchScript, torch.export, trusted pickles.
+
+An arch ``package.module:factory`` (from ``--arch`` only, never from a file) is imported as Python would, and,
+only when its top-level package is importable from nowhere else, from the current working directory (appended
+to the end of ``sys.path`` while it is imported and built), so files there never shadow installed packages.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,11 @@ import json
 import os
 import pickle
 import struct
+import sys
 import types
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,12 +126,47 @@ def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
         raise GleakError(f"cannot build torchvision:{name} with {kwargs}: {_why(exc)}") from None
 
 
+@contextlib.contextmanager
+def _cwd_last_on_path() -> Iterator[None]:
+    """Put the working directory at the *end* of ``sys.path`` for the duration (installed packages win)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.append(cwd)
+        importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
+
+
+def _import_arch_module(module_name: str) -> tuple[types.ModuleType, bool]:
+    """Import ``module_name`` as usual; only when its top-level package is not importable at all, look for it in
+    the working directory too (as ``python -m`` would), without letting files there shadow installed ones.
+    Returns the module and whether the working directory was needed."""
+    try:
+        return importlib.import_module(module_name), False
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        if exc.name != top:
+            raise
+    with _cwd_last_on_path():
+        return importlib.import_module(module_name), True
+
+
 def _build_import(spec: str, kwargs: dict[str, Any]) -> nn.Module:
+    """``package.module:factory`` (dotted attributes allowed): import, call with ``kwargs``, expect a Module.
+
+    The module is looked up on ``sys.path`` first, then in the current directory (see
+    :func:`_import_arch_module`); the directory stays on the path while the factory runs, for its own imports."""
     module_name, _, attr_path = spec.partition(":")
     if not module_name or not attr_path:
         raise _unknown_arch(spec)
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any
+        obj, from_cwd = _import_arch_module(module_name)
     except Exception as exc:
         raise GleakError(f"cannot import {module_name!r} for arch {spec!r}: {_why(exc)}") from None
     for part in attr_path.split("."):
@@ -135,7 +176,8 @@ def _build_import(spec: str, kwargs: dict[str, Any]) -> nn.Module:
     if not callable(obj):
         raise GleakError(f"arch {spec!r}: {attr_path!r} is not callable")
     try:
-        module = obj(**kwargs)
+        with _cwd_last_on_path() if from_cwd else contextlib.nullcontext():
+            module = obj(**kwargs)
     except Exception as exc:
         raise GleakError(f"arch {spec!r} failed with {kwargs}: {_why(exc)}") from None
     if not isinstance(module, nn.Module):
@@ -380,7 +422,7 @@ def _load_safetensors(file: Path, arch: str | None, kwargs: dict[str, Any] | Non
 
 def _is_file_safe_arch(arch: str) -> bool:
     """Architectures a file's metadata may name: built-in zoo models and torchvision constructors, never an
-    importable ``module:factory`` (DESIGN §8: no data file makes gleak import or call anything)."""
+    importable ``module:factory`` (no data file makes gleak import or call anything; README, "Untrusted files")."""
     arch = arch.strip()
     return _is_zoo(arch) or (arch.startswith("torchvision:") and arch.count(":") == 1)
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
-from torchvision.utils import make_grid
+from PIL import Image, ImageDraw, ImageFont
 
+from gleak.metrics.images import psnr
+
+BASELINE_MARGIN = 1.0  # dB a reconstruction must beat the trivial baseline by to count as one
 MIN_SHOWN = 64  # small images (28 px digits) are enlarged, pixel for pixel, to at least this size
+PADDING = 2  # white gap between grid cells, in pixels
+LINE_GAP = 2  # extra pixels between caption lines
 
 
 def png_bytes(image: torch.Tensor) -> bytes:
@@ -21,16 +27,22 @@ def png_bytes(image: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def _enlarge(images: torch.Tensor) -> torch.Tensor:
+def enlarge(images: torch.Tensor) -> torch.Tensor:
+    """Images [N, C, H, W] scaled up pixel for pixel (nearest) until the short side is ≥ MIN_SHOWN."""
     side = min(images.shape[-2:])
     factor = max(1, -(-MIN_SHOWN // side))
     return F.interpolate(images, scale_factor=factor, mode="nearest") if factor > 1 else images
 
 
-def grid(rows: list[torch.Tensor], per_row: int | None = None) -> torch.Tensor:
+_enlarge = enlarge  # the earlier private name
+
+
+def grid(rows: list[torch.Tensor], per_row: int | None = None,
+         captions: Sequence[Sequence[str]] | None = None) -> torch.Tensor:
     """Image rows (each [N, C, H, W], same N) stacked into one picture: row 0 on top, 2 px white gaps.
 
-    With many images each row wraps after ``per_row`` columns (default: up to 16)."""
+    With many images each row wraps after ``per_row`` columns (default: up to 16). ``captions`` (lines of
+    text per image) are written in a white band under the last row of each line of cells."""
     n = len(rows[0])
     per_row = per_row or min(n, 16)
     blocks = []
@@ -40,7 +52,76 @@ def grid(rows: list[torch.Tensor], per_row: int | None = None) -> torch.Tensor:
             if len(block) < per_row:  # pad the last line with blank cells
                 block = torch.cat([block, torch.ones(per_row - len(block), *block.shape[1:])])
             blocks.append(block)
-    stacked = _enlarge(torch.cat(blocks).float().clamp(0, 1))
+    stacked = enlarge(torch.cat(blocks).float().clamp(0, 1))
     if stacked.shape[1] == 1:
         stacked = stacked.repeat(1, 3, 1, 1)
-    return make_grid(stacked, nrow=per_row, padding=2, pad_value=1.0)
+    picture = tile(stacked, per_row)
+    if captions is None:
+        return picture
+    if len(captions) != n:
+        raise ValueError(f"{len(captions)} captions for {n} images")
+    return _captioned(picture, captions, per_row, len(rows), (int(stacked.shape[-2]), int(stacked.shape[-1])))
+
+
+def tile(images: torch.Tensor, per_row: int) -> torch.Tensor:
+    """Images [N, 3, H, W] laid out ``per_row`` to a line on white, PADDING pixels around every cell.
+
+    (torchvision's ``make_grid`` does the same, but importing torchvision.utils costs seconds of start-up.)"""
+    n, channels, height, width = images.shape
+    lines = -(-n // per_row)
+    step_y, step_x = height + PADDING, width + PADDING
+    picture = torch.ones(channels, lines * step_y + PADDING, per_row * step_x + PADDING)
+    for i, image in enumerate(images):
+        row, col = divmod(i, per_row)
+        y, x = PADDING + row * step_y, PADDING + col * step_x
+        picture[:, y:y + height, x:x + width] = image
+    return picture
+
+
+def _captioned(picture: torch.Tensor, captions: Sequence[Sequence[str]], per_row: int, rows: int,
+               cell: tuple[int, int]) -> torch.Tensor:
+    """``picture`` (a bare grid) with a text band inserted under every ``rows`` rows of cells."""
+    font = ImageFont.load_default()
+    _left, top, _right, bottom = font.getbbox("Ag")
+    line = int(bottom) + LINE_GAP
+    lines = max((len(c) for c in captions), default=0)
+    band = lines * line + 2 * PADDING
+    height, width = cell
+    step_y, step_x = height + PADDING, width + PADDING
+    blocks = -(-len(captions) // per_row)
+    pieces, y = [], 0
+    for b in range(blocks):
+        end = PADDING + (b + 1) * rows * step_y  # just below the block's last row and its gap
+        pieces += [picture[:, y:end], torch.ones(3, band, picture.shape[-1])]
+        y = end
+    pieces.append(picture[:, y:])
+    tall = torch.cat(pieces, dim=1)
+    array = (tall.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+    image = Image.fromarray(array)
+    draw = ImageDraw.Draw(image)
+    for i, text in enumerate(captions):
+        b, col = divmod(i, per_row)
+        band_top = PADDING + (b + 1) * rows * step_y + b * band
+        x0 = PADDING + col * step_x
+        for k, words in enumerate(text):
+            shown = draw.textlength(words, font=font)
+            draw.text((x0 + max(0.0, (width - shown) / 2), band_top + PADDING + k * line - top), words,
+                      fill=(0, 0, 0), font=font)
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 255
+
+
+def baseline_psnr(truth: torch.Tensor) -> tuple[float, str]:
+    """Mean PSNR (dB) against ``truth`` [B, C, H, W] of the stronger of two guesses that need no attack.
+
+    Each image's flat mean colour (the best constant image; it beats flat grey 0.5 everywhere, and by far
+    on dark MNIST digits), and for B ≥ 2 each image's leave-one-out batch mean (the mean of the *other*
+    true images: the plain batch mean would contain the image itself, and for B = 1 be it)."""
+    truth = truth.detach().float().cpu()
+    flat = truth.mean(dim=(-2, -1), keepdim=True).expand_as(truth)
+    best = (float(psnr(flat, truth).mean()), "flat image of its mean colour")
+    if len(truth) >= 2:
+        others = (truth.sum(0, keepdim=True) - truth) / (len(truth) - 1)
+        mean = float(psnr(others, truth).mean())
+        if mean > best[0]:
+            best = (mean, "mean of the other true images")
+    return best

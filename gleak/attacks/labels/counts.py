@@ -1,4 +1,4 @@
-"""Label maths shared by every label attack (one place, DESIGN §3).
+"""Label maths shared by every label attack, in one place (docs/methods/label-recovery.md#notation).
 
 * :func:`row_sums` — g_i = Σ_k ∇W[i, k], the per-class signal of iDLG / LLG / ZLG.
 * :func:`round_counts` — real-valued counts to non-negative integers that sum exactly to the batch size.
@@ -18,7 +18,7 @@ from gleak.losses import LossSpec, client_loss
 
 
 def row_sums(grad_weight: torch.Tensor) -> torch.Tensor:
-    """g_i = Σ_k ∇W[i, k] in float64 (LLG Eq. 7, iDLG)."""
+    """g_i = Σ_k ∇W[i, k] in float64 (Wainakh et al., PoPETs 2022, Property 2; iDLG)."""
     return grad_weight.double().sum(dim=1)
 
 

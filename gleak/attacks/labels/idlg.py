@@ -1,4 +1,7 @@
-"""iDLG (Zhao et al. 2020): the label of a single example is the row of ∇W whose sum is negative."""
+"""iDLG (Zhao et al., arXiv 2020): the label of a single example is the row of ∇W whose sum is negative.
+
+Notes: docs/methods/label-recovery.md#idlg.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +18,11 @@ ZERO = 1e-30
 class IDLG(Attack):
     """label = argmin_i Σ_k ∇W[i, k] (the reference code's rule; equal to the sign test when h ≥ 0).
 
-    Corner cases (seed 000 App. B.3): an all-zero gradient means the model already outputs the label with
-    probability 1, so we return the model's prediction (on the auxiliary data when given: its most frequent
-    prediction; otherwise on a blank input) and flag it; exactly two non-zero rows with g_i = −g_j (a
-    confidently wrong one-hot prediction) cannot be told apart — reported as ambiguous, not silently guessed.
+    Corner cases (Wang, Liang & He, ICLR 2024, App. B.3): an all-zero gradient means the model already outputs
+    the label with probability 1, so we return the model's prediction (on the auxiliary data when given: its
+    most frequent prediction; otherwise on a blank input) and flag it; exactly two non-zero rows with
+    g_i = −g_j (a confidently wrong one-hot prediction) cannot be told apart — reported as ambiguous, not
+    silently guessed.
     """
 
     name = "idlg"
@@ -27,7 +31,7 @@ class IDLG(Attack):
     requires = Requirements(single_sample=True, needs_nonneg_features=True)
 
     def run(self, ctx: Context) -> LabelOutput:
-        g = row_sums(ctx.grad_weight)
+        g = row_sums(ctx.require_grad_weight())
         counts = torch.zeros(ctx.num_classes, dtype=torch.long)
         diagnostics: dict = {"row_sums": g}
         warnings: list[str] = []

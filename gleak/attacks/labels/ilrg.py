@@ -1,4 +1,7 @@
-"""iLRG (Ma et al., ICLR 2023): instance-wise batch label restoration from the last layer's gradients."""
+"""iLRG (Ma et al., ICLR 2023): instance-wise batch label restoration from the last layer's gradients.
+
+Notes: docs/methods/label-recovery.md#ilrg.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ TINY = 1e-300
 
 @register
 class ILRG(Attack):
-    """Solve A k = v for the class counts k (METHODS §3).
+    """Solve A k = v for the class counts k (docs/methods/label-recovery.md#ilrg).
 
     ê_j = ∇W[j]/∇b[j] is the gradient-weighted mean feature of class j; p̂⁽ʲ⁾ = softmax(fc(ê_j)/τ) its
     posterior. Row 0 of A is all ones (Σk = B); row i+1 holds p̂⁽ʲ⁾_i − (1 − ε)δ_ij with
@@ -31,9 +34,9 @@ class ILRG(Attack):
     requires = Requirements(needs_bias=True, needs_model=True)
 
     def run(self, ctx: Context) -> LabelOutput:
-        C, B = ctx.num_classes, ctx.batch_size
-        gw, gb = ctx.grad_weight, ctx.grad_bias
-        W, b = ctx.layer.weight.cpu(), ctx.layer.bias.double().cpu()
+        C, B = ctx.num_classes, ctx.require_batch_size()
+        gw, gb = ctx.require_grad_weight(), ctx.require_grad_bias()
+        W, b = ctx.layer.weight.cpu(), ctx.require_bias().double().cpu()
         tau, eps = ctx.loss.temperature, ctx.loss.label_smoothing
         small = gb.abs() < TINY
         # W·ê_j = (W·∇W_jᵀ)/∇b_j: one float32 matmul (the cost at C = 1000, d = 2048), the rest in float64

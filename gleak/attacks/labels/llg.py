@@ -1,4 +1,7 @@
-"""LLG, LLG* and LLG+ (Wainakh et al., seed 002): impact and offset estimation, then Algorithm 1."""
+"""LLG, LLG* and LLG+ (Wainakh et al., PoPETs 2022): impact and offset estimation, then Algorithm 1.
+
+Equation and algorithm numbers are those of the 2021 preprint; notes: docs/methods/label-recovery.md#llg.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ REPEATS = 10  # R in the reference code (`n = 10`)
 
 
 def llg_extract(g: torch.Tensor, impact: float, offsets: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Algorithm 1 of seed 002: counts per class from row sums ``g``, impact m (< 0) and offsets s.
+    """Algorithm 1 of Wainakh et al. (PoPETs 2022): counts per class from row sums ``g``, impact m (< 0) and offsets s.
 
     Lines 1–5 add every class with g_i < 0 (Property 1), each lowering G_i by m; line 7 calibrates
     G ← G − s; lines 8–12 add argmin G until |E| = B. As in the LLG+ reference code we take the negative
@@ -42,7 +45,7 @@ def _safe_impact(impact: float, g: torch.Tensor, batch_size: int) -> tuple[float
 def _estimate_from_batches(ctx: Context, features: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
                            batch_index: torch.Tensor, batch_label: torch.Tensor) -> tuple[float, torch.Tensor]:
     """Impact (Eq. 13) and offsets (Eq. 14) from simulated one-label batches on the same model."""
-    C, B = ctx.num_classes, ctx.batch_size
+    C, B = ctx.num_classes, ctx.require_batch_size()
     dz = logit_grads(logits, labels, ctx.loss)
     rows = batch_row_sums(dz, features.double().sum(1), batch_index, len(batch_label), 1.0 / B)  # [R·C, C]
     own = rows[torch.arange(len(batch_label)), batch_label]  # g_i of the batch labelled i
@@ -60,12 +63,13 @@ class _LLGBase(Attack):
         raise NotImplementedError
 
     def run(self, ctx: Context) -> LabelOutput:
-        g = row_sums(ctx.grad_weight)
+        g = row_sums(ctx.require_grad_weight())
+        B = ctx.require_batch_size()
         impact, offsets, extra = self.estimate(ctx, g)
-        impact, warnings = _safe_impact(impact, g, ctx.batch_size)
-        counts = llg_extract(g, impact, offsets, ctx.batch_size)
-        if int((g < 0).sum()) > ctx.batch_size:
-            warnings.append(f"{int((g < 0).sum())} classes have negative gradients but B = {ctx.batch_size}; "
+        impact, warnings = _safe_impact(impact, g, B)
+        counts = llg_extract(g, impact, offsets, B)
+        if int((g < 0).sum()) > B:
+            warnings.append(f"{int((g < 0).sum())} classes have negative gradients but B = {B}; "
                             "kept the most negative")
         return LabelOutput(counts, diagnostics={"impact": impact, "offsets": offsets, **extra}, warnings=warnings)
 
@@ -79,7 +83,7 @@ class LLG(_LLGBase):
     requires = Requirements(needs_nonneg_features=True)
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
-        impact = float(g[g < 0].sum()) / ctx.batch_size * (1 + 1 / ctx.num_classes)
+        impact = float(g[g < 0].sum()) / ctx.require_batch_size() * (1 + 1 / ctx.num_classes)
         return impact, torch.zeros_like(g), {}
 
 
@@ -95,7 +99,7 @@ class LLGStar(_LLGBase):
     requires = Requirements(needs_model_forward=True, needs_nonneg_features=True)
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
-        C, B = ctx.num_classes, ctx.batch_size
+        C, B = ctx.num_classes, ctx.require_batch_size()
         images = ctx.dummy_inputs(REPEATS * B, "random", self.generator(ctx))
         h, z = ctx.features_and_logits(images)  # [R·B, d], [R·B, C]
         # batch (rep r, label i) holds dummy images r·B … r·B + B − 1, all labelled i
@@ -119,7 +123,7 @@ class LLGPlus(_LLGBase):
     requires = Requirements(needs_aux=True, needs_model_forward=True, needs_nonneg_features=True)
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
-        C, B = ctx.num_classes, ctx.batch_size
+        C, B = ctx.num_classes, ctx.require_batch_size()
         h, z, y = ctx.aux_forward()
         gen = self.generator(ctx)
         present = [c for c in range(C) if bool((y == c).any())]

@@ -1,5 +1,6 @@
-"""Posterior-probability label recovery (seed 003, Theorem 2): counts from the bias gradient and the
-positive/negative posteriors of the global model on auxiliary data, for CE, focal loss, BCE, τ and ε."""
+"""Posterior-probability label recovery (Zhang, Guo & Li, ICLR 2024 PML workshop, Theorem 2): counts from the
+bias gradient and the positive/negative posteriors of the global model on auxiliary data, for CE, focal loss,
+BCE, τ and ε. Notes: docs/methods/label-recovery.md#posterior."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ DEN_MIN = 1e-9
 
 
 def focal_coefficient(p_pos: torch.Tensor, gamma: float, alpha: float, temperature: float) -> torch.Tensor:
-    """φ̂_j = (1/τ)·α·(1 − p̂⁺)^γ·(1 − γ·p̂⁺·ln p̂⁺ / (1 − p̂⁺)) (seed 003, Theorem 2); φ̂ = 1/τ for CE.
+    """φ̂_j = (1/τ)·α·(1 − p̂⁺)^γ·(1 − γ·p̂⁺·ln p̂⁺ / (1 − p̂⁺)) (Zhang, Guo & Li, Theorem 2); φ̂ = 1/τ for CE.
 
     ``p_pos`` must already be clamped below 1; as p̂⁺ → 1 the term tends to 0 (for γ > 0), handled by clamping.
     """
@@ -36,12 +37,13 @@ class Posterior(Attack):
     """
 
     name = "posterior"
-    paper = "Posterior probability-based label recovery attack in federated learning (seed 003)"
+    paper = ("Zhang, Guo & Li, Posterior Probability-based Label Recovery Attack in Federated Learning, "
+             "ICLR 2024 workshop on privacy regulation and protection in ML")
     summary = "label counts from the bias gradient and aux-data posteriors; focal/BCE/τ/ε aware"
     requires = Requirements(needs_bias=True, needs_aux=True, needs_model_forward=True)
 
     def run(self, ctx: Context) -> LabelOutput:
-        C, B = ctx.num_classes, ctx.batch_size
+        C, B = ctx.num_classes, ctx.require_batch_size()
         loss = ctx.loss
         _, z, y = ctx.aux_forward()
         zz = z.double() / loss.temperature
@@ -59,7 +61,7 @@ class Posterior(Attack):
         phi = focal_coefficient(p_pos, gamma, alpha, loss.temperature)
         eps = loss.label_smoothing
         y_pos, y_neg = 1 - eps + eps / C, eps / C
-        numerator = (p_neg - y_neg) - ctx.grad_bias / phi
+        numerator = (p_neg - y_neg) - ctx.require_grad_bias() / phi
         denominator = (p_neg - y_neg) - (p_pos - y_pos)
         tiny = denominator.abs() < DEN_MIN
         if bool(tiny.any()):

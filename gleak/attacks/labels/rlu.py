@@ -1,12 +1,13 @@
-"""RLU (Chen & Vikalo, ICML 2024, seed 004): label counts from model *updates* of one or many local steps.
+"""RLU (Chen & Vikalo, ICML 2024): label counts from model *updates* of one or many local steps.
 
-The paper's version, not the released code's closed form (METHODS §6b lists the differences):
+The paper's version, not the released code's closed form (docs/methods/label-recovery.md#rlu lists the
+differences; docs/methods/fl-updates.md#multi-step how updates are read):
 
 1. Per true class n, logits of the auxiliary examples under the global model give μ_n, Σ_n
    (Assumption 3.1); Monte Carlo over q ~ N(μ_n, Σ_n) gives the erroneous confidences S_{n,j} (Eq. 8).
 2. Eq. 9 / 16: E[Δb_j] = (η/B) Σ_τ ρ^(τ) (N_j Σ_{n≠j} S_{j,n} − Σ_{n≠j} N_n S_{n,j}) − h_j, so with
    z = N/(m·B): A z = (Δb + h)/(η·Σ_τ ρ^(τ)), A_jj = Σ_{n≠j} S_{j,n}, A_jn = −S_{n,j} (orientation from Eq. 9).
-   Solved as min ‖Az − u‖² s.t. z ≥ 0, Σz = 1 with scipy's SLSQP; counts rounded to sum to m·B.
+   Solved as min ‖Az − u‖² s.t. z ≥ 0, Σz = 1 exactly by an active-set method; counts rounded to sum to m·B.
 3. m > 1 (Alg. 1, 2): A is averaged over the start model and the end model θ + Δθ for a crude estimate,
    then the posterior search simulates the m steps (Eq. 12–13) and moves m labels from the class whose
    simulated logit drift overshoots most to the one that undershoots most, T = 5 times. Fixes and choices:
@@ -39,11 +40,12 @@ import copy
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import class_logit_stats, logit_grads, round_counts
+from gleak.attacks.labels.simplex import simplex_least_squares as solve_on_simplex
+from gleak.errors import GleakError
 
 MC_SAMPLES = 2000
 SEARCH_ITERATIONS = 5  # T in the main text
@@ -61,7 +63,7 @@ def rho_and_history(ctx: Context, b0: torch.Tensor) -> tuple[np.ndarray, torch.T
     cap, m = ctx.capture, ctx.local_steps
     if ctx.kind == "gradient":
         return np.ones(1), torch.zeros_like(b0), []
-    lr = cap.learning_rate
+    lr = _learning_rate(ctx)
     optimizer = cap.get("gleak.optimizer", "sgd")
     scheme = cap.get("gleak.fl.scheme", "fedavg")
     wd = cap.get("gleak.weight_decay", 0.0)
@@ -74,7 +76,7 @@ def rho_and_history(ctx: Context, b0: torch.Tensor) -> tuple[np.ndarray, torch.T
         h = torch.tensor(cap.get("gleak.fl.history"), dtype=torch.float64)
         return rho, h, [f"{scheme}: ρ = (1 − {lam:g}·η)^(m−τ), history term from gleak.fl.history"]
     if optimizer in ("sgdm", "nag"):
-        gamma = cap.get("gleak.momentum", 0.9)
+        gamma = cap.value("gleak.momentum")
         shift = 1 if optimizer == "sgdm" else 2
         rho = (1 - gamma ** (m + shift - tau)) / (1 - gamma)
         if wd or scheme == "fedprox":
@@ -87,6 +89,21 @@ def rho_and_history(ctx: Context, b0: torch.Tensor) -> tuple[np.ndarray, torch.T
     geometric = sum(a**k for k in range(m))
     h = -((a**m - 1) + c * geometric) * b0.double()
     return rho, h, notes
+
+
+def _learning_rate(ctx: Context) -> float:
+    """η of an update (RLU.not_applicable has checked that the capture records it)."""
+    lr = ctx.capture.learning_rate
+    if lr is None:
+        raise GleakError("needs the client learning rate (gleak.learning_rate) to read the update")
+    return lr
+
+
+def _update_tensor(tensor: torch.Tensor | None, what: str) -> torch.Tensor:
+    """The capture's own last-layer update Δ (not the gradient view), which RLU reads for updates."""
+    if tensor is None:
+        raise GleakError(f"the capture lacks the last-layer {what} update")
+    return tensor
 
 
 class _Confidences:
@@ -175,22 +192,12 @@ def gls_counts(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, start: to
 
 
 def simplex_least_squares(A: torch.Tensor, u: torch.Tensor) -> np.ndarray:
-    """min ‖Az − u‖² s.t. 0 ≤ z ≤ 1, Σz = 1 (Eq. 10), with SLSQP from the clipped unconstrained solution."""
-    An, un = A.numpy(), u.numpy()
-    C = len(un)
-    start = np.clip(np.linalg.lstsq(An, un, rcond=None)[0], 0, None)
-    start = start / start.sum() if start.sum() > 0 else np.full(C, 1 / C)
-    scale = max(float(np.abs(un).max()), 1e-12)
-
-    def fun(z: np.ndarray) -> tuple[float, np.ndarray]:
-        r = (An @ z - un) / scale
-        return float(r @ r), 2 * An.T @ r / scale
-
-    res = minimize(fun, start, jac=True, method="SLSQP", bounds=[(0.0, 1.0)] * C,
-                   constraints=[{"type": "eq", "fun": lambda z: z.sum() - 1, "jac": lambda z: np.ones(C)}],
-                   options={"maxiter": 500, "ftol": 1e-14})
-    z = np.clip(res.x if np.all(np.isfinite(res.x)) else start, 0, None)
-    return z / z.sum() if z.sum() > 0 else np.full(C, 1 / C)
+    """min ‖Az − u‖² s.t. z ≥ 0, Σz = 1 (Eq. 10), solved exactly (:mod:`gleak.attacks.labels.simplex`);
+    uniform proportions when A or u is not finite."""
+    An, un = A.double().numpy(), u.double().numpy()
+    if not (np.all(np.isfinite(An)) and np.all(np.isfinite(un))):
+        return np.full(len(un), 1 / len(un))
+    return solve_on_simplex(An, un)
 
 
 @register
@@ -222,18 +229,18 @@ class RLU(Attack):
         return None
 
     def run(self, ctx: Context) -> LabelOutput:
-        C, B, m = ctx.num_classes, ctx.batch_size, ctx.local_steps
+        C, B, m = ctx.num_classes, ctx.require_batch_size(), ctx.local_steps
         gen = self.generator(ctx)
         warnings: list[str] = []
         if ctx.loss.name != "cross_entropy" or ctx.loss.label_smoothing or ctx.loss.temperature != 1:
             warnings.append("RLU's model assumes plain cross-entropy; the capture's loss settings differ")
-        b0 = ctx.layer.bias.double().cpu()
+        b0 = ctx.require_bias().double().cpu()
         rho, h, notes = rho_and_history(ctx, b0)
         warnings += notes
         if ctx.kind == "gradient":
-            eta, delta_b = 1.0, -ctx.grad_bias.double()
+            eta, delta_b = 1.0, -ctx.require_grad_bias().double()
         else:
-            eta, delta_b = float(ctx.capture.learning_rate), ctx.layer.grad_bias.double().cpu()
+            eta, delta_b = float(_learning_rate(ctx)), _update_tensor(ctx.layer.grad_bias, "bias").double().cpu()
         u = (delta_b + h) / (eta * float(rho.sum()))
         if ctx.loss.reduction == "sum" and ctx.kind == "update":  # the gradient view is already divided by B
             u = u / B
@@ -249,7 +256,8 @@ class RLU(Attack):
                 counts, diagnostics["gls_moves"] = self._refine(ctx, counts, u, rho, eta)
                 diagnostics["ls_counts"] = round_counts(z * B, B)
         else:
-            z_end = ctx.features_and_logits(ctx.aux.batch(range(len(ctx.aux)))[0], model=_end_model(ctx))[1]
+            aux = ctx.require_aux()
+            z_end = ctx.features_and_logits(aux.batch(range(len(aux)))[0], model=_end_model(ctx))[1]
             end = class_logit_stats(z_end, y, C)
             A_end = coefficient_matrix(_Confidences(end[1], gen, MC_SAMPLES)(end[0]))
             z = simplex_least_squares((A + A_end) / 2, u)
@@ -264,8 +272,8 @@ class RLU(Attack):
     def _refine(self, ctx: Context, counts: torch.Tensor, u: torch.Tensor, rho: np.ndarray,
                 eta: float) -> tuple[torch.Tensor, int]:
         """m = 1: GLS refinement of the LS counts on the bias and logit-projected weight equations (item 5)."""
-        B, C = ctx.batch_size, ctx.num_classes
-        W0, b0 = ctx.layer.weight.double().cpu(), ctx.layer.bias.double().cpu()
+        B, C = ctx.require_batch_size(), ctx.num_classes
+        W0, b0 = ctx.layer.weight.double().cpu(), ctx.require_bias().double().cpu()
         scheme = ctx.capture.get("gleak.fl.scheme", "fedavg")
         u_W = None
         if ctx.kind == "gradient" and ctx.grad_weight is not None:
@@ -284,8 +292,8 @@ class RLU(Attack):
     def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: tuple, end: tuple, mc: _Confidences,
                           eta: float, rho: np.ndarray, db: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Alg. 2: simulate the m steps' logit drift for the counts and move m labels while it helps."""
-        m, B = ctx.local_steps, ctx.batch_size
-        dW = ctx.layer.grad_weight.double().cpu()
+        m, B = ctx.local_steps, ctx.require_batch_size()
+        dW = _update_tensor(ctx.layer.grad_weight, "weight").double().cpu()
         e_bar = (db[:, None] * dW).sum(0) / (db @ db).clamp_min(1e-300)  # LS fit ΔW_j ≈ Δb_j·ē (Eq. 14)
         energy = float(e_bar @ e_bar)
         per_step = eta * float(rho.mean()) / B
@@ -337,7 +345,7 @@ class RLU(Attack):
 
 def _end_model(ctx: Context) -> torch.nn.Module:
     """θ_end = θ_global + Δθ (parameters and any buffers the capture carries)."""
-    model = copy.deepcopy(ctx.model)
+    model = copy.deepcopy(ctx.require_model())
     state = model.state_dict()
     with torch.no_grad():
         for name, delta in ctx.capture.tensors.items():

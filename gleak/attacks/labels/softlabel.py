@@ -1,4 +1,6 @@
-"""Soft-label recovery for one example (seed 000 §3, App. B, C): label smoothing and mixup.
+"""Soft-label recovery for one example (Wang, Liang & He, ICLR 2024, §3, App. B, C): label smoothing and mixup.
+
+Notes, reference-code settings and gleak's deviations: docs/methods/label-recovery.md#softlabel.
 
 With x the last-layer input and ∇W[i] = (p_i − y_i)·xᵀ, any non-zero row r gives x = λ·∇W[r]. For a
 candidate scalar s (x(s) = s·∇W[r]/coe, the reference's parametrisation, λ = s/coe) the pseudo-label
@@ -10,7 +12,7 @@ fails, particle swarms (pyswarms, 500 particles, 40 iterations, c1 = c2 = 0.5, w
 like scikit-opt) over the reference's widening intervals, and then (gleak's extension, reported as such)
 two more interval pairs out to |s| = 1000 for trained models whose λ lies past the reference's reach.
 Every swarm is evaluated in one batched forward of the last layer. The recovered feature is
-x* = s*·∇W[r]/coe (§3.3), used by reconstruction.
+x* = s*·∇W[r]/coe (§3.1), used by reconstruction.
 
 Deviations, by choice: a candidate below the 1e−9 threshold is polished by strong-Wolfe L-BFGS steps (the
 threshold alone leaves label errors near 1e−4) and kept only if it then reaches 1e−12 inside the bound (on
@@ -50,7 +52,7 @@ COEFFICIENT = {"smoothing": 4.0, "mixup": 2.0}
 EXCLUDED = {"smoothing": 1, "mixup": 2}
 PSO_INTERVAL_BOUND = {"smoothing": 20.0, "mixup": 50.0}
 PSO_PARTICLES, PSO_ITERS = 500, 40
-# gleak's extension past the reference's reach (|s| < 70): trained models put λ there (seed 000 App. B.2)
+# gleak's extension past the reference's reach (|s| < 70): trained models put λ there (Wang et al., App. B.2)
 EXTENDED_INTERVALS = [(69.7, 200.0), (-200.3, -70.0), (199.7, 1000.0), (-1000.3, -200.0)]
 EXTENDED_BOUND = 1000.0
 # the reference's `pso_noise` (its DP experiment): fewer particles, global minimum, no threshold. The reference
@@ -73,9 +75,10 @@ class Search:
 
 def rank_one(grad: torch.Tensor) -> torch.Tensor:
     """The best rank-1 approximation of ∇W (truncated SVD): a single example's gradient is exactly
-    (p − y)·xᵀ (seed 000 §3.1), so this leaves a clean gradient unchanged (to float64 rounding) and, for a
-    noisy one (§5.2), pools every row's copy of x and every coordinate's copy of p − y instead of reading
-    them off one row r and one column a. With ∇W projected, ŷ(s) no longer depends on the choice of a."""
+    (p − y)·xᵀ (Wang, Liang & He, ICLR 2024, §3.1), so this leaves a clean gradient unchanged (to float64
+    rounding) and, for a noisy one (§5.2), pools every row's copy of x and every coordinate's copy of p − y
+    instead of reading them off one row r and one column a. With ∇W projected, ŷ(s) no longer depends on
+    the choice of a."""
     u, sv, vh = torch.linalg.svd(grad.double(), full_matrices=False)
     return sv[0] * torch.outer(u[:, 0], vh[0])
 
@@ -109,7 +112,7 @@ class PseudoLabel:
         return 1000 * smallest.var(dim=1, unbiased=False)
 
     def noise_loss(self, s: torch.Tensor) -> torch.Tensor:
-        """‖x(s)‖²·L(s), the variance loss rescaled for noisy gradients (seed 000 §5.2).
+        """‖x(s)‖²·L(s), the variance loss rescaled for noisy gradients (Wang, Liang & He, ICLR 2024, §5.2).
 
         Noise δ on ∇W enters ŷ(s) as δ/x(s), so it adds ~σ²/‖x(s)‖² to L(s): that term fades as |s| grows and,
         with the softmax saturating (App. B.2), drags the minimum of L outward. Weighted by ‖x(s)‖² the noise
@@ -359,7 +362,7 @@ class SoftLabel(Attack):
     def run(self, ctx: Context) -> LabelOutput:
         if self.augmentation not in ("auto", "smoothing", "mixup"):
             raise GleakError(f"augmentation must be auto, smoothing or mixup, not {self.augmentation!r}")
-        grad = ctx.grad_weight.double().cpu()
+        grad = ctx.require_grad_weight().double().cpu()
         weight = ctx.layer.weight.double().cpu()
         bias = ctx.layer.bias.double().cpu() if ctx.layer.bias is not None else None
         g = row_sums(grad)
@@ -402,7 +405,7 @@ class SoftLabel(Attack):
                             "returned the best candidate — expected with noisy gradients")
         if not chosen.exact:
             warnings.append(f"searched |s| ≤ {EXTENDED_BOUND:g} (λ = s/{COEFFICIENT[chosen.augmentation]:g}); a "
-                            "trained model's true λ can lie beyond (seed 000 App. B.2)")
+                            "trained model's true λ can lie beyond (Wang, Liang & He, ICLR 2024, App. B.2)")
         elif "extended" in chosen.stage:
             warnings.append(f"found beyond the reference's search range (s = {chosen.s:.4g}, reference bound "
                             f"±{BOUND:g}) by gleak's extended swarm")

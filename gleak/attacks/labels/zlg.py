@@ -1,4 +1,7 @@
-"""ZLG / ZLG+ (Geng et al. 2021, as re-implemented by RLU): counts from g_j ≈ (p̄_j − n_j/B)·Ō."""
+"""ZLG / ZLG+ (Geng et al., arXiv 2021, as re-implemented in Chen & Vikalo's RLU code): g_j ≈ (p̄_j − n_j/B)·Ō.
+
+Notes: docs/methods/label-recovery.md#zlg.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +29,12 @@ class _ZLGBase(Attack):
         raise NotImplementedError
 
     def run(self, ctx: Context) -> LabelOutput:
-        B, C = ctx.batch_size, ctx.num_classes
+        B, C = ctx.require_batch_size(), ctx.num_classes
         h, z = self.samples(ctx)
         tau, eps = ctx.loss.temperature, ctx.loss.label_smoothing
         p_bar = torch.softmax(z.double() / tau, dim=1).mean(0)
         o_bar = float(h.double().sum(1).mean())
-        g = row_sums(ctx.grad_weight)
+        g = row_sums(ctx.require_grad_weight())
         real = (B * p_bar - B * eps / C - tau * B * g / o_bar) / (1 - eps)
         warnings = []
         if ctx.loss.name != "cross_entropy":

@@ -1,9 +1,10 @@
 """DLG (Zhu et al., NeurIPS 2019): match the captured gradient in L2 with L-BFGS, labels fixed.
 
-Zhu et al. optimise the label jointly; like iDLG and seed 000 (§5.1, "we fix the labels and only optimise the
-input image") gleak fixes the labels to those recovered beforehand. Defaults: L-BFGS lr 1, up to 20 inner
-iterations per step, 100 steps (seed 000 runs 300 for LeNet, METHODS §10; on the iDLG CNN 100 steps already
-reach 35–40 dB and keep a single example under a minute on a CPU), no image prior (as DLG).
+Zhu et al. optimise the label jointly; like iDLG and Wang, Liang & He (ICLR 2024, §4.3, "we fix the labels
+and only optimize the input image") gleak fixes the labels to those recovered beforehand. Defaults: L-BFGS
+lr 1, up to 20 inner iterations per step, 300 steps (as Wang, Liang & He's code runs on LeNet; see
+``OPTIMISERS`` in base.py for measurements), no image prior (as DLG).
+Notes: docs/methods/reconstruction.md#dlg.
 """
 
 from __future__ import annotations

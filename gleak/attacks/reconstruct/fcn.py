@@ -1,4 +1,5 @@
-"""Analytic layer-by-layer inversion of a fully-connected ReLU network (seed 000 §4.2, Eq. 6–7).
+"""Analytic layer-by-layer inversion of a fully-connected ReLU network (Wang, Liang & He, ICLR 2024, §4.2,
+Eq. 6–7; notes: docs/methods/reconstruction.md#fcn).
 
 For one example, every linear layer ℓ has ∇W_ℓ = δ_ℓ · x_{ℓ−1}ᵀ with δ_ℓ = ∂L/∂z_ℓ, so its input is any
 non-zero row of ∇W_ℓ divided by the matching δ. Going down from the recovered last-layer input x_{L−1}
@@ -68,7 +69,7 @@ class AnalyticFCN(ReconstructionAttack):
         reason = super().not_applicable(ctx)
         if reason:
             return reason
-        layers, why = linear_chain(ctx.model)
+        layers, why = linear_chain(ctx.require_model())
         if why:
             return why
         if layers[-1][0] != ctx.layer.name:
@@ -76,7 +77,7 @@ class AnalyticFCN(ReconstructionAttack):
         return None
 
     def run(self, ctx: Context) -> ImageOutput:
-        layers, _ = linear_chain(ctx.model)
+        layers, _ = linear_chain(ctx.require_model())
         params, grads = ctx.parameter_gradients()
         by_param = {id(p): g.double().cpu() for p, g in zip(params, grads, strict=True)}
         top_name, top = layers[-1]
@@ -111,7 +112,7 @@ class AnalyticFCN(ReconstructionAttack):
             x = gw.T @ delta / norm
             used_rows.append(int((delta != 0).sum()))
         assert x is not None
-        inputs = x.float().view(1, *ctx.input_shape)
+        inputs = x.float().view(1, *ctx.require_input_shape())
         diag = {"layers": [n for n, _ in layers], "active_rows": used_rows[::-1],
                 "feature_source": "bias" if top.bias is not None else "recovered feature"}
         return image_output(ctx, inputs, diag)

@@ -1,11 +1,12 @@
-"""Gradient matching with seed 000's feature term (Eq. 8): L = D(∇θ, ∇θ*) + β·D(h(x), h*).
+"""Gradient matching with Wang, Liang & He's feature term (ICLR 2024, Eq. 8): L = D(∇θ, ∇θ*) + β·D(h(x), h*).
 
-h* is the example's last-layer input recovered beforehand: x* = λ·∇W[r] by ``softlabel`` (seed 000 §3.3),
-or ∇W[i]/∇b[i] when the last layer has a bias. gleak matches all gradients plus β times the feature term
-(the reference code's 'gf' mode; its paper column "α = 2, β = 2" is this mode with f_scalar = 2, METHODS
-§10), β = 2 by default. Distance l2 runs DLG's L-BFGS, cosine runs Inverting Gradients' Adam; the TV
-weight defaults to 1e-2 (seed 000, untrained models); 100 L-BFGS steps or 4,800 Adam steps by default.
-Single example only: a batch has no one feature.
+h* is the example's last-layer input recovered beforehand: x* = λ·∇W[r] by ``softlabel`` (Wang, Liang & He,
+§3.1), or ∇W[i]/∇b[i] when the last layer has a bias. gleak matches all gradients plus β times the feature
+term (the reference code's 'gf' mode; the paper's column "α = 2, β = 2" is this mode with f_scalar = 2, see
+docs/methods/reconstruction.md#objective), β = 2 by default. Distance l2 runs DLG's L-BFGS, cosine runs
+Inverting Gradients' Adam; the TV weight defaults to 1e-2 (Wang, Liang & He's value for untrained models);
+300 L-BFGS steps or 4,800 Adam steps by default. Single example only: a batch has no one feature.
+Notes: docs/methods/reconstruction.md#feature.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 with step decay, inputs kept in the pixel box, best iterate kept, restarts.
 
 Defaults: 4,800 iterations, lr 0.1, decay ×0.1 at 3/8, 5/8 and 7/8 (the paper's CIFAR-10 schedule), TV
-weight 1e-2 (seed 000's value for untrained LeNet; the paper uses 1e-4 on ImageNet-scale ResNets), one
-restart (``--restarts``; the paper uses 8 for its ResNet results). The paper steps Adam on the *signed*
-gradient; seed 000's cosine runs — the setting of its Table 3 — use plain Adam, and on the untrained iDLG
-sigmoid CNN (CIFAR-10, B = 1) plain Adam reached 20–24 dB where the signed variant stalled at 12–16 dB, so
-plain Adam is the default and ``--signed`` gives the paper's variant.
+weight 1e-2 (Wang, Liang & He's value for untrained LeNet, ICLR 2024; the paper uses 1e-4 on ImageNet-scale
+ResNets), one restart (``--restarts``; the paper uses 8 for its ResNet results). The paper steps Adam on the
+*signed* gradient; Wang, Liang & He's cosine runs — the setting of their Table 3 — use plain Adam, and on the
+untrained iDLG sigmoid CNN (CIFAR-10, B = 1) plain Adam reached 20–24 dB where the signed variant stalled at
+12–16 dB, so plain Adam is the default and ``--signed`` gives the paper's variant.
+Notes: docs/methods/reconstruction.md#ig.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import torch
 
 from gleak.attacks.base import AttackResult, LabelOutput, get_attack, run_attack
 from gleak.attacks.context import Context
+from gleak.attacks.labels.counts import logit_grads
 from gleak.capture import Truth
 from gleak.errors import GleakError, shorten
 from gleak.io import MAX_JSON_BYTES, check_input_file, show
@@ -40,6 +41,7 @@ class ReconInputs:
     feature: torch.Tensor | None = None
     feature_source: str | None = None
     label_result: AttackResult | None = None
+    evidence: dict[str, float] | None = None  # candidate attack -> score (lower explains the gradient better)
 
 
 def targets_from_counts(counts: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -110,9 +112,66 @@ def _json_soft_label(value: Any, ctx: Context, where: str) -> torch.Tensor | Non
     return torch.tensor(value, dtype=torch.float64)
 
 
+EVIDENCE_RULE = "the Gaussian likelihood of the captured bias gradient"
+# Another attack's counts replace the preferred one's only when they explain the bias gradient clearly better:
+# a gap of 10 in −2·log-likelihood (a likelihood ratio of e⁵ ≈ 150). On a train-mode ResNet-18 the wrong
+# candidates trail by 30–700; on an 82 %-trained LeNet all plausible candidates lie within about 5 of each other
+# (bench/label_choice.py), where the likelihood cannot tell them apart and the preference order is better.
+EVIDENCE_MARGIN = 10.0
+
+
+def bias_gradient_misfit(ctx: Context, counts: torch.Tensor) -> float:
+    """−2·log-likelihood (up to a constant) of the captured ∇b under per-class counts ``counts``.
+
+    For a mean-reduced loss ∇b = (1/B)·Σ_n ∂ℓ_n/∂z_n. Given the counts, its mean is (1/B)·Σ_j c_j·ḡ_j and its
+    variance (1/B²)·Σ_j c_j·Var_j, where ḡ_j and Var_j are the mean and variance of one example's logit gradient
+    over the auxiliary examples of class j, computed with the model in the client's mode (batch statistics for
+    a train-mode BatchNorm model). Lower means the counts explain the captured gradient better."""
+    if ctx.grad_bias is None:
+        raise GleakError("the bias-gradient evidence needs the last layer's bias gradient")
+    _, logits, labels = ctx.aux_forward()
+    g = logit_grads(logits, labels, ctx.loss)  # [N, C]
+    C, B = ctx.num_classes, float(ctx.batch_size or 1)
+    overall_mean, overall_var = g.mean(0), g.var(0, unbiased=False)
+    mean = torch.stack([g[labels == j].mean(0) if bool((labels == j).any()) else overall_mean for j in range(C)])
+    var = torch.stack([g[labels == j].var(0, unbiased=False) if int((labels == j).sum()) > 1 else overall_var
+                       for j in range(C)])
+    c = counts.double()
+    expected = (c @ mean) / B
+    variance = (c @ var) / B**2 + 1e-12 + 1e-6 * float(ctx.grad_bias.double().pow(2).mean())
+    residual = ctx.grad_bias.double().cpu() - expected
+    return float((residual**2 / variance + variance.log()).sum())
+
+
+def best_supported_counts(ctx: Context) -> tuple[AttackResult | None, list[str], dict[str, float]]:
+    """For a batch: run every applicable count attack; keep the first in :data:`COUNT_PREFERENCE` unless another's
+    counts explain the captured bias gradient better by :data:`EVIDENCE_MARGIN` (:func:`bias_gradient_misfit`),
+    then the best of those. Without auxiliary data or a bias: the first that succeeds. Returns the chosen result,
+    why others did not run, and each candidate's score."""
+    if ctx.aux is None or ctx.grad_bias is None or ctx.no_forward_reason:
+        first, why = _run_labels(ctx, COUNT_PREFERENCE)
+        return first, why, {}
+    results: list[AttackResult] = []
+    skipped: list[str] = []
+    for name in COUNT_PREFERENCE:
+        result = run_attack(get_attack(name), ctx)
+        if result.status == "ok" and result.output is not None:
+            results.append(result)
+        else:
+            skipped.append(f"{name}: {result.reason}")
+    if not results:
+        return None, skipped, {}
+    scores = {r.attack: bias_gradient_misfit(ctx, r.labels.counts) for r in results}
+    preferred = results[0]
+    best = min(results, key=lambda r: scores[r.attack])  # ties keep the preference order (min is stable)
+    if scores[best.attack] > scores[preferred.attack] - EVIDENCE_MARGIN:
+        best = preferred  # no clear evidence against the attack that is usually most accurate
+    return best, skipped, scores
+
+
 def _run_labels(ctx: Context, names: tuple[str, ...]) -> tuple[AttackResult | None, list[str]]:
     """The first of ``names`` that applies and succeeds, and why each earlier one did not."""
-    skipped = []
+    skipped: list[str] = []
     for name in names:
         result = run_attack(get_attack(name), ctx)
         if result.status == "ok" and result.output is not None:
@@ -141,25 +200,31 @@ def feature_of_example(ctx: Context, softlabel: AttackResult | None) -> tuple[to
 def prepare(ctx: Context, labels: str, truth: Truth | None, want_feature: bool) -> ReconInputs:
     """Targets (and the feature when ``want_feature``) for ``--labels auto|truth|FILE``."""
     label_result = None
+    evidence: dict[str, float] = {}
     if labels == "truth":
         if truth is None:
             raise GleakError("--labels truth needs the ground-truth file (NAME.truth.safetensors or --truth)")
         targets, source = targets_from_truth(truth, ctx), "truth"
     elif labels == "auto":
-        names = ("softlabel", "idlg") if ctx.batch_size == 1 else COUNT_PREFERENCE
-        label_result, skipped = _run_labels(ctx, names)
+        if ctx.batch_size == 1:
+            label_result, skipped = _run_labels(ctx, ("softlabel", "idlg"))
+        else:
+            label_result, skipped, evidence = best_supported_counts(ctx)
         if label_result is None:
             raise GleakError("no label attack could recover labels for this capture ("
                              + "; ".join(skipped) + "); pass --labels truth or a labels file")
-        targets = _from_label_output(label_result.output, ctx)
+        targets = _from_label_output(label_result.labels, ctx)
         source = f"recovered by {label_result.attack}"
+        if ctx.batch_size != 1 and evidence:
+            source += f" (chosen among {len(evidence)} candidates by {EVIDENCE_RULE})"
     else:
         targets, source = targets_from_file(Path(labels), ctx)
     feature, feature_source = None, None
     if want_feature and ctx.batch_size == 1:
         soft = label_result if label_result is not None and label_result.attack == "softlabel" else None
         feature, feature_source = feature_of_example(ctx, soft)
-    return ReconInputs(targets, source, feature, feature_source, label_result)
+    return ReconInputs(targets, source, feature, feature_source, label_result,
+                       evidence or None)
 
 
 def describe_targets(targets: torch.Tensor) -> list[dict[str, Any]]:

@@ -2,8 +2,15 @@
 
 Both start from N(0, 1) dummies (seeded per restart), keep the best iterate by objective value, stop a
 restart whose objective turns NaN/Inf, and return the best restart. The Adam loop follows Geiping et al.
-2020 §4 / inversefed: step decay ×0.1 at 3/8, 5/8 and 7/8 of the iterations, inputs projected back into the
-valid pixel box after every step, and optionally the signed gradient (``x.grad.sign_()``).
+(NeurIPS 2020) §4 / inversefed: step decay ×0.1 at 3/8, 5/8 and 7/8 of the iterations, inputs projected back
+into the valid pixel box after every step, and optionally the signed gradient (``x.grad.sign_()``).
+Notes: docs/methods/reconstruction.md#optimisers.
+
+Both count objective evaluations (each with its gradient) besides iterations: an Adam iteration is one
+evaluation; an L-BFGS step is up to 20 inner iterations with a line search, up to 25 evaluations. torch's
+L-BFGS ends a step on absolute tolerances (change 1e-9, gradient 1e-7) that are large next to
+gradient-matching objectives of ~1e-6, so gleak scales the change tolerance to the objective and drops the
+gradient one (see :func:`lbfgs`).
 """
 
 from __future__ import annotations
@@ -15,23 +22,32 @@ import torch
 
 # progress(restart, iteration, iterations, best loss so far)
 Progress = Callable[[int, int, int, float], None]
-Run = tuple[float, torch.Tensor, int]  # one restart: best loss, its inputs, iterations run
+# one restart: best loss, its inputs, iterations run, objective evaluations
+Run = tuple[float, torch.Tensor, int, int]
+
+# an L-BFGS step ends early once the objective changes by less than this fraction of itself (float32's
+# resolution: smaller changes are rounding, not progress)
+RELATIVE_CHANGE = float(torch.finfo(torch.float32).eps)
 
 
 @dataclass
 class Solution:
+    """The best restart's inputs and objective, with the work that all restarts did."""
+
     inputs: torch.Tensor
     loss: float
     restart: int
-    iterations_run: int  # over all restarts
+    iterations_run: int  # over all restarts (Adam steps or L-BFGS outer steps)
     losses: list[float]  # best objective of each restart
+    evaluations_run: int = 0  # objective evaluations (each with its gradient) over all restarts
 
 
 def _best_of(restarts: int, run: Callable[[int], Run]) -> Solution:
     """Run every restart and keep the one with the lowest objective."""
     runs = [run(r) for r in range(restarts)]
     r = min(range(restarts), key=lambda i: runs[i][0])
-    return Solution(runs[r][1], runs[r][0], r, sum(n for _, _, n in runs), [loss for loss, _, _ in runs])
+    return Solution(runs[r][1], runs[r][0], r, sum(run[2] for run in runs), [run[0] for run in runs],
+                    sum(run[3] for run in runs))
 
 
 def _start(shape: tuple[int, ...], gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -71,7 +87,8 @@ def adam(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ..
             done = it + 1
             if progress is not None:
                 progress(r, done, iterations, best)
-        return best, best_x, done
+        evaluations = done + (done < iterations)  # a run cut short still evaluated its non-finite loss
+        return best, best_x, done, evaluations
 
     return _best_of(restarts, run)
 
@@ -79,19 +96,29 @@ def adam(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ..
 def lbfgs(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...], iterations: int,
           restarts: int, lr: float, gen: torch.Generator, device: torch.device,
           progress: Progress | None = None) -> Solution:
-    """DLG's optimiser: L-BFGS, ≤ 20 evaluations per outer iteration, with a strong-Wolfe line search.
+    """DLG's optimiser: L-BFGS with a strong-Wolfe line search; an iteration is one ``step`` (≤ 20 inner
+    iterations, ≤ 25 evaluations).
 
-    DLG's code runs L-BFGS without a line search; with seed 000's feature term that overshoots into the
+    DLG's code runs L-BFGS without a line search; with Wang, Liang & He's feature term that overshoots into the
     saturated region of sigmoid networks (the loss jumps ×7 and the gradient vanishes), so gleak always
-    searches the step length."""
+    searches the step length.
+
+    torch's absolute tolerances end a step after one or two evaluations once the objective is ~1e-6 (its
+    change is then below 1e-9, its gradient below 1e-7), so a run of "100 steps" can do a tenth of the work
+    and stop short of the optimum. Here the gradient tolerance is off (an exactly zero gradient still ends a
+    step) and the change tolerance is :data:`RELATIVE_CHANGE` times the objective at the start of each step
+    (0 during the first)."""
 
     def run(r: int) -> Run:
         x = _start(shape, gen, device)
-        opt = torch.optim.LBFGS([x], lr=lr, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS([x], lr=lr, line_search_fn="strong_wolfe", tolerance_grad=0.0,
+                                tolerance_change=0.0)
         bad = False
+        evaluations = 0
 
         def closure() -> torch.Tensor:
-            nonlocal bad
+            nonlocal bad, evaluations
+            evaluations += 1
             opt.zero_grad(set_to_none=True)
             loss = objective(x)
             if not torch.isfinite(loss):
@@ -113,10 +140,14 @@ def lbfgs(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, .
                 progress(r, done, iterations, best)
             if value == 0.0:
                 break
+            opt.param_groups[0]["tolerance_change"] = RELATIVE_CHANGE * abs(value)
         # the final iterate has not been scored yet (the objective differentiates, so no torch.no_grad here)
-        final = float(objective(x).detach()) if not bad else float("inf")
+        final = float("inf")
+        if not bad:
+            final = float(objective(x).detach())
+            evaluations += 1
         if final < best:
             best, best_x = final, x.detach().clone()
-        return best, best_x, done
+        return best, best_x, done, evaluations
 
     return _best_of(restarts, run)
