@@ -6,11 +6,13 @@ import math
 import time
 import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from gleak.attacks.options import AttackOptions, resolve_options
 from gleak.errors import GleakError, shorten
 
 if TYPE_CHECKING:
@@ -71,7 +73,8 @@ class ImageOutput:
 
 @dataclass
 class AttackResult:
-    """One attack on one capture: status ok / not_applicable / failed, output, time, reason, scores."""
+    """One attack on one capture: status ok / not_applicable / failed, output, time, reason, scores, and the
+    options it ran with (JSON values; see :meth:`Attack.used_options`)."""
 
     attack: str
     status: str
@@ -80,6 +83,7 @@ class AttackResult:
     output: LabelOutput | ImageOutput | None = None
     warnings: list[str] = field(default_factory=list)
     scores: dict[str, float] | None = None
+    options: dict[str, Any] | None = None
 
     @property
     def labels(self) -> LabelOutput:
@@ -99,6 +103,8 @@ class AttackResult:
         out: dict[str, Any] = {"attack": self.attack, "status": self.status, "seconds": round(self.seconds, 6)}
         if self.reason:
             out["reason"] = self.reason
+        if self.options is not None:
+            out["options"] = self.options
         if isinstance(self.output, ImageOutput):
             out["images"] = list(self.output.images.shape)
             out["diagnostics"] = jsonable(self.output.diagnostics)
@@ -127,13 +133,33 @@ def jsonable(value: Any) -> Any:
 
 
 class Attack(ABC):
-    """One attack from one paper. Subclasses set the class variables and implement :meth:`run`."""
+    """One attack from one paper. Subclasses set the class variables and implement :meth:`run`.
+
+    ``Options`` is the attack's options model (frozen pydantic, see :mod:`gleak.attacks.options`; the default
+    declares none); :attr:`options` holds the instance's values, defaults until :meth:`configure` sets them, and
+    the attack reads its tuning from there."""
 
     name: ClassVar[str]
     task: ClassVar[str] = "labels"
     paper: ClassVar[str]
     summary: ClassVar[str]
     requires: ClassVar[Requirements] = Requirements()
+    Options: ClassVar[type[AttackOptions]] = AttackOptions
+    options: AttackOptions
+
+    def __init__(self) -> None:
+        self.options = self.Options()
+
+    def configure(self, values: Mapping[str, Any] | None = None,
+                  sources: Mapping[str, str] | None = None) -> AttackOptions:
+        """Set the options from ``values`` (strings are converted; keys not given take their defaults) and return
+        them. An unknown key or a bad value is a one-line GleakError; ``sources`` names the flag a key came from."""
+        self.options = resolve_options(type(self), values or {}, sources)
+        return self.options
+
+    def used_options(self) -> AttackOptions:
+        """The options this attack runs with (what reports record)."""
+        return self.options
 
     def not_applicable(self, ctx: Context) -> str | None:
         """Why this attack cannot run on ``ctx`` (one line), or None. Extend for attack-specific checks."""
@@ -188,15 +214,27 @@ def attacks_for(task: str) -> list[Attack]:
 
 
 def run_attack(attack: Attack, ctx: Context) -> AttackResult:
-    """Check applicability, run with timing, attach soft-requirement warnings; never raises for bad input."""
+    """Check applicability, run with timing, attach soft-requirement warnings. Never raises: bad input is status
+    ``failed``, an unexpected exception status ``error``, each with a one-line reason."""
+    try:
+        options = attack.used_options().model_dump(mode="json")
+    except GleakError as e:
+        return AttackResult(attack.name, "failed", reason=str(e))
     reason = attack.not_applicable(ctx)
     if reason:
-        return AttackResult(attack.name, "not_applicable", reason=reason)
+        return AttackResult(attack.name, "not_applicable", reason=reason, options=options)
     warnings = list(ctx.soft_warnings(attack.requires))
     start = time.perf_counter()
     try:
         output = attack.run(ctx)
     except GleakError as e:
-        return AttackResult(attack.name, "failed", time.perf_counter() - start, reason=str(e), warnings=warnings)
+        return AttackResult(attack.name, "failed", time.perf_counter() - start, reason=str(e), warnings=warnings,
+                            options=options)
+    except Exception as e:  # a bug or an input nobody anticipated: recorded, and the run goes on
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        return AttackResult(attack.name, "error", time.perf_counter() - start,
+                            reason=shorten(f"{type(e).__name__}: {first}" if first else type(e).__name__, 300),
+                            warnings=warnings, options=options)
     seconds = time.perf_counter() - start
-    return AttackResult(attack.name, "ok", seconds, output=output, warnings=warnings + output.warnings)
+    return AttackResult(attack.name, "ok", seconds, output=output, warnings=warnings + output.warnings,
+                        options=options)

@@ -11,6 +11,7 @@ import typer
 
 from gleak import __version__
 from gleak.cli.attacks_cmd import attacks
+from gleak.cli.audit_cmd import audit
 from gleak.cli.common import GleakCommand, GleakGroup, ThreadsOpt
 from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
@@ -42,7 +43,7 @@ def _root(
     """Global options; the commands read --threads from the context when they run (see common.apply_threads)."""
 
 
-for _command in (inspect, attacks, simulate, labels, reconstruct):
+for _command in (inspect, attacks, simulate, labels, reconstruct, audit):
     app.command(cls=GleakCommand)(_command)
 
 

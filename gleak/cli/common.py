@@ -86,6 +86,10 @@ AllowMismatchOpt = Annotated[bool, typer.Option(
     "--allow-model-mismatch", help="Attack even when the model's weights are not the ones the capture records "
     "(gleak.model.sha256); reports record it.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
+AttackOptionsOpt = Annotated[list[str] | None, typer.Option(
+    "--option", "-O", metavar="ATTACK.KEY=VALUE",
+    help="Set an attack's option (repeatable), e.g. -O rlu.mc_samples=500; `gleak attacks` lists them. A key that a "
+    "dedicated flag also sets (--iterations, --augmentation, …) may be given one way only: both is an error.")]
 
 
 def fail(message: str) -> None:
@@ -252,18 +256,10 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 
 
 def resolve_device(device: str) -> torch.device:
-    """The torch device for ``auto``, ``cpu`` or ``cuda[:N]``."""
-    import torch
+    """The torch device for ``auto``, ``cpu`` or ``cuda[:N]`` (see :func:`gleak.pipeline.resolve_device`)."""
+    from gleak.pipeline import resolve_device as resolve
 
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":
-        return torch.device("cpu")
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise GleakError(f"--device {device} requested but no CUDA device is available")
-        return torch.device(device)
-    raise GleakError(f"--device must be auto, cpu or cuda, got '{device}'")
+    return resolve(device)
 
 
 def print_json(data: Any) -> None:

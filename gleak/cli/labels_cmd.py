@@ -15,6 +15,7 @@ from gleak.cli.common import (
     AllowMismatchOpt,
     ArchKwargsOpt,
     ArchOpt,
+    AttackOptionsOpt,
     DeviceOpt,
     FcLayerOpt,
     ForceOpt,
@@ -30,7 +31,7 @@ from gleak.cli.common import (
     print_json,
     threads_in_use,
 )
-from gleak.errors import GleakError, shorten
+from gleak.errors import GleakError
 
 if TYPE_CHECKING:
     import torch
@@ -38,21 +39,20 @@ if TYPE_CHECKING:
     from gleak.attacks import get_attack
     from gleak.attacks.base import AttackResult
     from gleak.attacks.plan import run_label_attacks, select_attacks
-    from gleak.cli.inputs import open_inputs
     from gleak.io import check_writable, write_text_atomic
     from gleak.metrics.labels import chance_scores, truth_counts
+    from gleak.pipeline import open_inputs
 else:  # torch and the attacks load when the command runs, not when the CLI starts
     get_attack = deferred("gleak.attacks", "get_attack")  # the package: importing it registers every attack
     run_label_attacks = deferred("gleak.attacks.plan", "run_label_attacks")
     select_attacks = deferred("gleak.attacks.plan", "select_attacks")
-    open_inputs = deferred("gleak.cli.inputs", "open_inputs")
+    open_inputs = deferred("gleak.pipeline", "open_inputs")
     check_writable = deferred("gleak.io", "check_writable")
     write_text_atomic = deferred("gleak.io", "write_text_atomic")
     chance_scores = deferred("gleak.metrics.labels", "chance_scores")
     truth_counts = deferred("gleak.metrics.labels", "truth_counts")
 
 SHOWN = 12
-AUGMENTATIONS = ("auto", "smoothing", "mixup")
 
 
 def compact(counts: torch.Tensor | list[int], limit: int = SHOWN) -> str:
@@ -107,7 +107,8 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
     reasons: dict[str, list[str]] = {}
     for r in results:
         if r.status != "ok":
-            label = "[yellow]not applicable[/]" if r.status == "not_applicable" else "[red]failed[/]"
+            label = {"not_applicable": "[yellow]not applicable[/]", "error": "[red]error[/]"}.get(
+                r.status, "[red]failed[/]")
             reasons.setdefault(f"{label}: {r.reason}", []).append(r.attack)
             table.add_row(f"[dim]{r.attack}[/]", label, "", *([""] * 4 if scored else []))
             continue
@@ -187,7 +188,8 @@ def labels(
     label_smoothing: Annotated[float | None, typer.Option(help="Override label smoothing ε (0 ≤ ε < 1).",
                                                           callback=number(0, 1, high_open=True))] = None,
     augmentation: Annotated[str | None, typer.Option(help="softlabel: auto (try both, the default), smoothing or "
-                                                     "mixup.")] = None,
+                                                     "mixup (the option softlabel.augmentation).")] = None,
+    option: AttackOptionsOpt = None,
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here.")] = None,
     arch: ArchOpt = None,
@@ -201,15 +203,26 @@ def labels(
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Recover the labels behind a capture with every applicable attack; score them when truth is known."""
+    """Recover the labels behind a capture with every applicable attack; score them when truth is known.
+
+    Tune an attack with -O ATTACK.KEY=VALUE (`gleak attacks` lists each attack's options); the report records
+    the options every attack ran with."""
     import torch
 
     if format not in ("table", "json"):
         raise GleakError(f"--format must be table or json, got '{format}'")
-    if augmentation is not None and augmentation not in AUGMENTATIONS:
-        raise GleakError(f"--augmentation must be one of {', '.join(AUGMENTATIONS)}, got {shorten(augmentation, 40)!r}")
+    from gleak.attacks.options import lookup_attack, parse_option_assignments, resolve_assignments, resolve_options
+
+    assignments = parse_option_assignments(option or [])
+    flags = {"augmentation": augmentation} if augmentation is not None else {}
+    sources = {"augmentation": "--augmentation"}
+    for key in flags:
+        if key in assignments.get("softlabel", {}):
+            raise GleakError(f"{sources[key]} and -O softlabel.{key} set the same option; give one")
+    resolve_options(lookup_attack("softlabel"), flags, sources)
     for name in attack or []:  # suggestions and the list name label attacks only
         get_attack(name, task="labels")
+    resolve_assignments(assignments, task="labels")  # every -O checked before any work
     chosen = select_attacks("labels", attack)
     if output is not None:
         check_writable(output, force)
@@ -224,17 +237,16 @@ def labels(
         labels_ = inputs.truth.labels
         truth_soft = labels_[0].double() if labels_.dim() == 2 else torch.nn.functional.one_hot(
             labels_[0], inputs.ctx.num_classes).double()
-    from gleak.attacks.labels.softlabel import SoftLabel
-
     for a in chosen:
-        if isinstance(a, SoftLabel):
-            a.augmentation = augmentation or "auto"
+        a.configure({**(flags if a.name == "softlabel" else {}), **assignments.get(a.name, {})}, sources)
     results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft)
     data = report(inputs, results, counts)
     data["truth_soft_label"] = truth_soft.tolist() if truth_soft is not None else None
-    softlabel_ran = any(r.attack == "softlabel" and r.status == "ok" for r in results)
-    data["ignored_options"] = ([] if augmentation is None or softlabel_ran else
+    ran = {r.attack for r in results if r.status == "ok"}
+    data["ignored_options"] = ([] if augmentation is None or "softlabel" in ran else
                                ["--augmentation: only softlabel uses it, and softlabel did not run"])
+    data["ignored_options"] += [f"-O {name}.{key}: {name} did not run" for name, values in assignments.items()
+                                if name not in ran for key in values]
     if format == "json":
         print_json(data)
     elif not quiet or results:

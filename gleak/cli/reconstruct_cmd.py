@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,6 +18,7 @@ from gleak.cli.common import (
     AllowMismatchOpt,
     ArchKwargsOpt,
     ArchOpt,
+    AttackOptionsOpt,
     DeviceOpt,
     FcLayerOpt,
     ForceOpt,
@@ -36,22 +38,21 @@ from gleak.errors import GleakError, shorten
 if TYPE_CHECKING:
     from gleak.attacks.base import get_attack, jsonable, run_attack
     from gleak.attacks.context import Context
-    from gleak.attacks.reconstruct.base import ReconOptions, ReconstructionAttack, to_pixels
+    from gleak.attacks.reconstruct.base import ReconstructionAttack, to_pixels
     from gleak.attacks.reconstruct.inputs import describe_targets, prepare
-    from gleak.cli.inputs import open_inputs
     from gleak.io import OutputSet, check_output_location, safetensors_bytes
     from gleak.metrics.images import image_scores
     from gleak.metrics.perceptual import load_lpips
+    from gleak.pipeline import open_inputs
     from gleak.report.images import grid, png_bytes
 else:  # torch, the attacks, metrics and image writers load when the command runs, not when the CLI starts
     get_attack = deferred("gleak.attacks", "get_attack")  # the package: importing it registers every attack
     run_attack = deferred("gleak.attacks", "run_attack")
     jsonable = deferred("gleak.attacks.base", "jsonable")
-    ReconOptions = deferred("gleak.attacks.reconstruct.base", "ReconOptions")
     to_pixels = deferred("gleak.attacks.reconstruct.base", "to_pixels")
     describe_targets = deferred("gleak.attacks.reconstruct.inputs", "describe_targets")
     prepare = deferred("gleak.attacks.reconstruct.inputs", "prepare")
-    open_inputs = deferred("gleak.cli.inputs", "open_inputs")
+    open_inputs = deferred("gleak.pipeline", "open_inputs")
     OutputSet = deferred("gleak.io", "OutputSet")
     check_output_location = deferred("gleak.io", "check_output_location")
     safetensors_bytes = deferred("gleak.io", "safetensors_bytes")
@@ -104,8 +105,9 @@ def reconstruct(
     truth: Annotated[Path | None, typer.Option(help="Ground-truth file; default: NAME.truth.safetensors "
                                                "next to the capture, when present.")] = None,
     no_truth: Annotated[bool, typer.Option("--no-truth", help="Ignore any ground truth.")] = False,
-    iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="Optimiser iterations "
-                                                   "(default: dlg/feature 100 L-BFGS steps, ig 4800).",
+    iterations: Annotated[int | None, typer.Option("--iterations", "-n", help="Optimiser iterations (default: "
+                                                   "300 L-BFGS steps for dlg and feature with l2, 4800 Adam "
+                                                   "steps for ig and feature with cosine).",
                                                    callback=number(1, MAX_ITERATIONS))] = None,
     restarts: Annotated[int | None, typer.Option(help="Random restarts; the best by loss is kept (default 1).",
                                                  callback=number(1, MAX_RESTARTS))] = None,
@@ -118,6 +120,7 @@ def reconstruct(
                                                callback=number(0))] = None,
     signed: Annotated[bool, typer.Option("--signed", help="Adam on the signed gradient (Inverting Gradients' "
                                          "variant).")] = False,
+    option: AttackOptionsOpt = None,
     lpips: Annotated[str, typer.Option(help="LPIPS network: alex, vgg or off.")] = "alex",
     batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.",
                                                    callback=number(1, MAX_BATCH))] = None,
@@ -133,10 +136,14 @@ def reconstruct(
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Reconstruct the client's inputs; write a PNG grid, one PNG per image and metrics.json."""
+    """Reconstruct the client's inputs; write a PNG grid, one PNG per image and metrics.json.
+
+    The flags --iterations … --signed set the chosen attack's options, as -O ATTACK.KEY=VALUE does (`gleak attacks`
+    lists them); metrics.json records the options the attack ran with."""
     import torch
 
     from gleak.attacks.base import ImageOutput
+    from gleak.attacks.options import parse_option_assignments, resolve_assignments
     from gleak.attacks.reconstruct.objective import DISTANCES
 
     if format not in ("table", "json"):
@@ -145,6 +152,14 @@ def reconstruct(
         raise GleakError(f"--lpips must be alex, vgg or off, got '{lpips}'")
     if distance is not None and distance not in DISTANCES:
         raise GleakError(f"--distance must be one of {', '.join(DISTANCES)}, got {shorten(distance, 40)!r}")
+    assignments = parse_option_assignments(option or [])
+    flags = {k: v for k, v in {"iterations": iterations, "restarts": restarts, "lr": lr, "tv": tv,
+                                "distance": distance, "beta": beta, "signed": True if signed else None}.items()
+             if v is not None}
+    for name, values in assignments.items():
+        for key in values.keys() & flags.keys():
+            raise GleakError(f"--{key} and -O {name}.{key} set the same option; give one")
+    resolve_assignments(assignments, task="reconstruct")  # every -O checked before any work
     if model is None:
         raise GleakError("reconstruction needs the global model (--model)")
     check_output_dir(output, force)
@@ -155,13 +170,12 @@ def reconstruct(
     reason = chosen.not_applicable(ctx)
     if reason:
         raise GleakError(f"{chosen.name} does not apply: {reason}")
-    given = {"--iterations": iterations, "--restarts": restarts, "--lr": lr, "--tv": tv, "--distance": distance,
-             "--beta": beta, "--signed": signed or None}
-    ignored = ignored_options(chosen.name, distance, given)
+    typed = chosen.configure({**{k: v for k, v in flags.items() if k in chosen.Options.model_fields},
+                              **assignments.get(chosen.name, {})}, {k: f"--{k}" for k in flags})
+    ignored = ignored_options(chosen.name, typed.model_dump(), flags, assignments)
     started = time.perf_counter()
     prepared = prepare(ctx, labels, inputs.truth, want_feature=chosen.name in ("feature", "fcn"))
-    chosen.options = ReconOptions(targets=prepared.targets, feature=prepared.feature, iterations=iterations,
-                                  restarts=restarts or 1, lr=lr, tv=tv, distance=distance, beta=beta, signed=signed)
+    chosen.options.targets, chosen.options.feature = prepared.targets, prepared.feature
     result = _run_with_progress(chosen, ctx, quiet or format == "json")
     if result.status != "ok" or not isinstance(result.output, ImageOutput):
         raise GleakError(f"{chosen.name} failed: {result.reason}")
@@ -170,6 +184,7 @@ def reconstruct(
         raise GleakError(f"{chosen.name} diverged (non-finite pixels); try a smaller --lr")
     data: dict[str, Any] = {
         "capture": str(capture), "model": str(model), "attack": chosen.name, "paper": chosen.paper,
+        "options": result.options,
         "batch_size": ctx.batch_size, "labels": {"source": prepared.source,
                                                   "targets": describe_targets(prepared.targets)},
         "feature_source": prepared.feature_source, "seed": seed, "device": str(ctx.device),
@@ -224,7 +239,7 @@ def _run_with_progress(attack: ReconstructionAttack, ctx: Context, quiet: bool) 
                   transient=True) as bar:
         task = bar.add_task(f"{attack.name} (restart 1)", total=None, loss="—")
 
-        restarts = attack.options.restarts
+        restarts = int(getattr(attack.used_options(), "restarts", 1))
 
         def progress(restart: int, it: int, total: int, loss: float) -> None:
             # the bar spans every restart, so that the time left covers the whole run
@@ -264,15 +279,19 @@ def _write(folder: Path, images: Any, truth: Any, data: dict[str, Any], force: b
         return out.commit()
 
 
-def ignored_options(attack: str, distance: str | None, given: dict[str, Any]) -> list[str]:
-    """The options the user set that the chosen attack does not use (reported, never silently dropped)."""
-    used = {"dlg": {"--iterations", "--restarts", "--lr", "--tv"},
-            "ig": {"--iterations", "--restarts", "--lr", "--tv", "--signed"},
-            "feature": {"--iterations", "--restarts", "--lr", "--tv", "--distance", "--beta"}
-            | ({"--signed"} if distance == "cosine" else set()),
-            }.get(attack, set())
-    return [f"{name}: {attack} does not use it" for name, value in given.items()
-            if value is not None and name not in used]
+def ignored_options(attack: str, used: Mapping[str, Any], flags: Mapping[str, Any],
+                    assignments: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """The options the user set that the chosen attack does not use (reported, never silently dropped): flags
+    it does not declare, -O for other attacks, and signed for feature unless its distance is cosine."""
+    idle = {"signed"} if attack == "feature" and used.get("distance") != "cosine" else set()
+    notes = [f"--{key}: {attack} does not use it" for key in flags if key not in used or key in idle]
+    for name, values in assignments.items():
+        for key in values:
+            if name != attack:
+                notes.append(f"-O {name}.{key}: {attack} ran, not {name}")
+            elif key in idle:
+                notes.append(f"-O {name}.{key}: {attack} uses it only with distance cosine")
+    return notes
 
 
 def _render(data: dict[str, Any], written: list[Path]) -> None:

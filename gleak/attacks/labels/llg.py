@@ -5,13 +5,24 @@ Equation and algorithm numbers are those of the 2021 preprint; notes: docs/metho
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
+from pydantic import Field
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import batch_row_sums, logit_grads, row_sums
+from gleak.attacks.options import AttackOptions
 
-REPEATS = 10  # R in the reference code (`n = 10`)
+REPEATS = 10  # R in the reference code (`n = 10`); the default of LLGEstimateOptions.repeats
+
+
+class LLGEstimateOptions(AttackOptions):
+    """LLG* and LLG+: how many simulated batches per class estimate the impact and offsets."""
+
+    repeats: int = Field(REPEATS, ge=1, le=1000, description="R: simulated one-label batches per class for the "
+                         "impact and offsets (Eq. 13–14)")
 
 
 def llg_extract(g: torch.Tensor, impact: float, offsets: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -97,20 +108,22 @@ class LLGStar(_LLGBase):
     name = "llg-star"
     summary = "LLG with impact and offsets estimated on dummy batches through the model"
     requires = Requirements(needs_model_forward=True, needs_nonneg_features=True)
+    Options: ClassVar[type[AttackOptions]] = LLGEstimateOptions
+    options: LLGEstimateOptions
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
-        C, B = ctx.num_classes, ctx.require_batch_size()
-        images = ctx.dummy_inputs(REPEATS * B, "random", self.generator(ctx))
+        C, B, R = ctx.num_classes, ctx.require_batch_size(), self.options.repeats
+        images = ctx.dummy_inputs(R * B, "random", self.generator(ctx))
         h, z = ctx.features_and_logits(images)  # [R·B, d], [R·B, C]
         # batch (rep r, label i) holds dummy images r·B … r·B + B − 1, all labelled i
-        rep = torch.arange(REPEATS * B) // B
+        rep = torch.arange(R * B) // B
         h_all = h.repeat(C, 1)
         z_all = z.repeat(C, 1)
-        labels = torch.arange(C).repeat_interleave(REPEATS * B)
-        batch_index = labels * REPEATS + rep.repeat(C)
-        batch_label = torch.arange(C).repeat_interleave(REPEATS)
+        labels = torch.arange(C).repeat_interleave(R * B)
+        batch_index = labels * R + rep.repeat(C)
+        batch_label = torch.arange(C).repeat_interleave(R)
         impact, offsets = _estimate_from_batches(ctx, h_all, z_all, labels, batch_index, batch_label)
-        return impact, offsets, {"dummy": "random", "repeats": REPEATS}
+        return impact, offsets, {"dummy": "random", "repeats": R}
 
 
 @register
@@ -121,6 +134,8 @@ class LLGPlus(_LLGBase):
     name = "llg-plus"
     summary = "LLG with impact and offsets estimated on auxiliary data"
     requires = Requirements(needs_aux=True, needs_model_forward=True, needs_nonneg_features=True)
+    Options: ClassVar[type[AttackOptions]] = LLGEstimateOptions
+    options: LLGEstimateOptions
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
         C, B = ctx.num_classes, ctx.require_batch_size()
@@ -128,7 +143,7 @@ class LLGPlus(_LLGBase):
         gen = self.generator(ctx)
         present = [c for c in range(C) if bool((y == c).any())]
         picks, batch_label = [], []
-        for _ in range(REPEATS):
+        for _ in range(self.options.repeats):
             for c in present:
                 pool = torch.nonzero(y == c).flatten()
                 picks.append(pool[torch.randint(len(pool), (B,), generator=gen)])
@@ -138,4 +153,4 @@ class LLGPlus(_LLGBase):
         batch_index = torch.arange(len(batch_label)).repeat_interleave(B)
         impact, offsets = _estimate_from_batches(ctx, h[idx], z[idx], labels, batch_index,
                                                  torch.tensor(batch_label))
-        return impact, offsets, {"aux_classes": len(present), "repeats": REPEATS}
+        return impact, offsets, {"aux_classes": len(present), "repeats": self.options.repeats}

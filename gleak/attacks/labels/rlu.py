@@ -37,22 +37,41 @@ A FedSGD gradient is the m = 1 case with u = −∇b.
 from __future__ import annotations
 
 import copy
+from typing import ClassVar
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import class_logit_stats, logit_grads, round_counts
 from gleak.attacks.labels.simplex import simplex_least_squares as solve_on_simplex
+from gleak.attacks.options import AttackOptions
 from gleak.errors import GleakError
 
+# the defaults of RLUOptions
 MC_SAMPLES = 2000
 SEARCH_ITERATIONS = 5  # T in the main text
 HISTORY_SCHEMES = ("scaffold", "feddyn", "feddc")
 MAX_SIMULATED_STEPS = 100  # the posterior search simulates at most this many (macro-)steps of the m local steps
 GLS_MAX_CLASSES = 20  # the m = 1 GLS refinement keeps a ((C − 1)(C + 1))² covariance per class
 GLS_RIDGE = 0.1  # ridge on the GLS covariance, as a fraction of the mean per-class variance × B/C
+
+
+class RLUOptions(AttackOptions):
+    mc_samples: int = Field(MC_SAMPLES, ge=10, le=10**6,
+                            description="Monte Carlo samples per class for the erroneous confidences (Eq. 8)")
+    search_iterations: int = Field(SEARCH_ITERATIONS, ge=0, le=10_000,
+                                   description="T: moves of m labels the posterior search tries (m > 1, Alg. 2)")
+    max_simulated_steps: int = Field(MAX_SIMULATED_STEPS, ge=1, le=100_000,
+                                     description="the posterior search simulates at most this many (macro-)steps "
+                                     "of the m local steps")
+    gls_max_classes: int = Field(GLS_MAX_CLASSES, ge=0, le=40,
+                                 description="m = 1: GLS refinement of the LS counts only for C ≤ this (0: off; "
+                                 "memory grows as C⁵)")
+    gls_ridge: float = Field(GLS_RIDGE, gt=0, le=1e6, description="ridge on the GLS covariance, as a fraction of the "
+                             "mean per-class variance × B/C")
 
 
 def rho_and_history(ctx: Context, b0: torch.Tensor) -> tuple[np.ndarray, torch.Tensor, list[str]]:
@@ -206,6 +225,8 @@ class RLU(Attack):
     paper = "Chen & Vikalo, Recovering Labels from Local Updates in Federated Learning, ICML 2024"
     summary = "label counts from one- or multi-step updates via simplex least squares on MC confidences"
     requires = Requirements(gradient_view=False, needs_bias=True, needs_aux=True, needs_model_forward=True)
+    Options: ClassVar[type[AttackOptions]] = RLUOptions
+    options: RLUOptions
 
     def not_applicable(self, ctx: Context) -> str | None:
         reason = super().not_applicable(ctx)
@@ -246,26 +267,27 @@ class RLU(Attack):
             u = u / B
         _, z_start, y = ctx.aux_forward()
         start = class_logit_stats(z_start, y, C)
-        mc = _Confidences(start[1], gen, MC_SAMPLES)
+        o = self.options
+        mc = _Confidences(start[1], gen, o.mc_samples)
         A = coefficient_matrix(mc(start[0]))
-        diagnostics: dict = {"rho_sum": float(rho.sum()), "mc_samples": MC_SAMPLES}
+        diagnostics: dict = {"rho_sum": float(rho.sum()), "mc_samples": o.mc_samples}
         if m == 1:
             z = simplex_least_squares(A, u)
             counts = round_counts(z * B, B)
-            if C <= GLS_MAX_CLASSES:
+            if o.gls_max_classes >= C:
                 counts, diagnostics["gls_moves"] = self._refine(ctx, counts, u, rho, eta)
                 diagnostics["ls_counts"] = round_counts(z * B, B)
         else:
             aux = ctx.require_aux()
             z_end = ctx.features_and_logits(aux.batch(range(len(aux)))[0], model=_end_model(ctx))[1]
             end = class_logit_stats(z_end, y, C)
-            A_end = coefficient_matrix(_Confidences(end[1], gen, MC_SAMPLES)(end[0]))
+            A_end = coefficient_matrix(_Confidences(end[1], gen, o.mc_samples)(end[0]))
             z = simplex_least_squares((A + A_end) / 2, u)
             counts = round_counts(z * m * B, m * B)
             diagnostics["crude_counts"] = counts.clone()
             counts, moves = self._posterior_search(ctx, counts, start, end, mc, eta, rho, delta_b + h)
             diagnostics["search_moves"] = moves
-            diagnostics["simulated_steps"] = min(m, MAX_SIMULATED_STEPS)
+            diagnostics["simulated_steps"] = min(m, o.max_simulated_steps)
         diagnostics["z"] = torch.from_numpy(z)
         return LabelOutput(counts, diagnostics=diagnostics, warnings=warnings)
 
@@ -287,7 +309,7 @@ class RLU(Attack):
             x = torch.cat([x, B * u_W[: C - 1] @ W0.T], 1)
         _, logits, labels = ctx.aux_forward()
         mean, cov = update_statistics(logits, labels, b0, ctx, with_weight=u_W is not None)
-        return gls_counts(x.flatten(), mean, cov, counts)
+        return gls_counts(x.flatten(), mean, cov, counts, self.options.gls_ridge)
 
     def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: tuple, end: tuple, mc: _Confidences,
                           eta: float, rho: np.ndarray, db: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -299,9 +321,9 @@ class RLU(Attack):
         per_step = eta * float(rho.mean()) / B
         observed = end[0].sum(0) - start[0].sum(0)  # Σ_n μ_end[n, j] − Σ_n μ_start[n, j]
 
-        # Beyond MAX_SIMULATED_STEPS the m steps are simulated as that many macro-steps of m / K steps each (an
+        # Beyond max_simulated_steps the m steps are simulated as that many macro-steps of m / K steps each (an
         # Euler step of the same drift; per-step shifts are small), so the cost stays bounded for long local runs.
-        simulated = min(m, MAX_SIMULATED_STEPS)
+        simulated = min(m, self.options.max_simulated_steps)
         per_simulated = per_step * m / simulated
 
         def drift(n: torch.Tensor) -> torch.Tensor:
@@ -327,7 +349,7 @@ class RLU(Attack):
 
         diff = mismatch(counts)
         moves = 0
-        for _ in range(SEARCH_ITERATIONS):
+        for _ in range(self.options.search_iterations):
             over = torch.where((diff > 0) & (counts >= m), diff, torch.full_like(diff, -torch.inf))
             under = torch.where(diff < 0, diff, torch.full_like(diff, torch.inf))
             if not torch.isfinite(over.max()) or not torch.isfinite(under.min()):

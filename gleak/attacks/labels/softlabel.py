@@ -32,13 +32,16 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import row_sums
+from gleak.attacks.options import AttackOptions
 from gleak.errors import GleakError
 
 THRESHOLD = 1e-9  # the reference's acceptance threshold on L(s)
@@ -62,6 +65,20 @@ NOISE_PARTICLES, NOISE_ITERS = 200, 30
 # L-BFGS on the one scalar s: in one dimension the two-loop recursion reduces to the newest secant pair
 # (s_k/y_k), so a history of 2 gives the reference's iterates (PyTorch default 100) up to rounding, ~3x faster
 HISTORY = 2
+
+
+class SoftLabelOptions(AttackOptions):
+    augmentation: Literal["auto", "smoothing", "mixup"] = Field(
+        "auto", description="the label's kind: auto (search both), smoothing or mixup")
+    lbfgs_steps: int = Field(STEPS_PER_SIDE, ge=1, le=100_000, description="L-BFGS outer steps per side of s "
+                             "(the first stage)")
+    pso_particles: int = Field(PSO_PARTICLES, ge=1, le=100_000, description="particles per swarm when L-BFGS "
+                               "finds no exact zero")
+    pso_iterations: int = Field(PSO_ITERS, ge=1, le=100_000, description="iterations per swarm")
+    noise_particles: int = Field(NOISE_PARTICLES, ge=1, le=100_000, description="particles per swarm of the "
+                                 "noisy-gradient fallback (global minimum of ‖x‖²·L)")
+    noise_iterations: int = Field(NOISE_ITERS, ge=1, le=100_000, description="iterations per swarm of the "
+                                  "noisy-gradient fallback")
 
 
 @dataclass
@@ -123,8 +140,8 @@ class PseudoLabel:
         return (s * self.r.norm()) ** 2 * self.loss(s)
 
 
-def lbfgs_search(f: PseudoLabel, first_sign: float = 1.0) -> tuple[float, float, str]:
-    """The reference's two-sided L-BFGS (lr 0.5, 100 outer steps per side, bound 100, plateau skip).
+def lbfgs_search(f: PseudoLabel, first_sign: float = 1.0, steps: int = STEPS_PER_SIDE) -> tuple[float, float, str]:
+    """The reference's two-sided L-BFGS (lr 0.5, ``steps`` (100) outer steps per side, bound 100, plateau skip).
 
     ``first_sign`` only orders the two sides (both are searched unless the first succeeds)."""
     best: tuple[float, float, str] = (float("nan"), float("inf"), "lbfgs: no side converged")
@@ -141,7 +158,7 @@ def lbfgs_search(f: PseudoLabel, first_sign: float = 1.0) -> tuple[float, float,
                 value.backward()
             return value
 
-        for _ in range(STEPS_PER_SIDE):
+        for _ in range(steps):
             with torch.no_grad():
                 value = float(f.loss(s)[0])
             if not np.isfinite(value):
@@ -289,13 +306,16 @@ def grid_rescue(f: PseudoLabel, held: Search) -> Search | None:
     return None
 
 
-def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0) -> list[Search]:
+def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0,
+           options: SoftLabelOptions | None = None) -> list[Search]:
     """L-BFGS for every objective first (cheap), then swarms for each objective only if none was exact, then
-    (noisy gradients) the reference's pso_noise global minimum. ``fs`` is in search order.
+    (noisy gradients) the reference's pso_noise global minimum. ``fs`` is in search order; ``options`` sets the
+    step, particle and iteration counts (default: :class:`SoftLabelOptions`' defaults).
 
     A confirmed zero below ``SURE`` ends the search at once. One between ``SURE`` and ``CONFIRM`` — a float32
     gradient's true zero can sit there, and so can a trained model's shoulder next to it — ends it too, after
     a dense grid scan (:func:`grid_rescue`) has looked for a clearly lower zero."""
+    o = options or SoftLabelOptions()
     results: dict[str, Search] = {}
 
     def settle(found: Search) -> list[Search]:
@@ -305,14 +325,14 @@ def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0) -> li
         return list(results.values())
 
     for kind, f in fs.items():
-        s, loss, stage = lbfgs_search(f, first_sign)
+        s, loss, stage = lbfgs_search(f, first_sign, o.lbfgs_steps)
         s, loss, exact = confirm(f, s, loss)
         results[kind] = Search(kind, s, loss, stage if exact or loss >= THRESHOLD else stage + ", rejected", exact)
         if exact:
             return settle(results[kind])
     for extended in (None, EXTENDED_INTERVALS):
         for kind, f in fs.items():
-            ps, ploss, pstage, _ = pso_search(f, kind, seed, extended)
+            ps, ploss, pstage, _ = pso_search(f, kind, seed, extended, o.pso_particles, o.pso_iterations)
             ps, ploss, exact = confirm(f, ps, ploss, EXTENDED_BOUND if extended else BOUND)
             # beyond the reference's range only an exact zero counts: there L(s) creeps down as the softmax
             # saturates, so with noisy gradients the far-out region would always win a "lowest loss" contest
@@ -324,8 +344,8 @@ def search(fs: dict[str, PseudoLabel], seed: int, first_sign: float = 1.0) -> li
     # noise-weighted loss ‖x(s)‖²·L(s) over the reference's PSO range. The earlier stages' candidates are
     # dropped: they minimise the unweighted L, whose minimum noise drags outward.
     for kind, f in fs.items():
-        ps, ploss, pstage, _ = pso_search(f, kind, seed, pso_intervals(PSO_INTERVAL_BOUND[kind]), NOISE_PARTICLES,
-                                          NOISE_ITERS, "pso_noise", weighted=True)
+        ps, ploss, pstage, _ = pso_search(f, kind, seed, pso_intervals(PSO_INTERVAL_BOUND[kind]), o.noise_particles,
+                                          o.noise_iterations, "pso_noise", weighted=True)
         results[kind] = Search(kind, ps, ploss, pstage + " (global minimum of ‖x‖²·L)", False)
     return list(results.values())
 
@@ -357,11 +377,19 @@ class SoftLabel(Attack):
     paper = "Wang, Liang & He, Towards Eliminating Hard Label Constraints in Gradient Inversion Attacks, ICLR 2024"
     summary = "soft label (smoothing ε or mixup pair) and last-layer feature of one example via a scalar search"
     requires = Requirements(single_sample=True, needs_model=True)
-    augmentation = "auto"  # auto | smoothing | mixup
+    Options: ClassVar[type[AttackOptions]] = SoftLabelOptions
+    options: SoftLabelOptions
+
+    @property
+    def augmentation(self) -> str:
+        """auto | smoothing | mixup: the ``augmentation`` option (setting it validates, other options kept)."""
+        return self.options.augmentation
+
+    @augmentation.setter
+    def augmentation(self, value: str) -> None:
+        self.configure({**self.options.model_dump(), "augmentation": value})
 
     def run(self, ctx: Context) -> LabelOutput:
-        if self.augmentation not in ("auto", "smoothing", "mixup"):
-            raise GleakError(f"augmentation must be auto, smoothing or mixup, not {self.augmentation!r}")
         grad = ctx.require_grad_weight().double().cpu()
         weight = ctx.layer.weight.double().cpu()
         bias = ctx.layer.bias.double().cpu() if ctx.layer.bias is not None else None
@@ -387,7 +415,7 @@ class SoftLabel(Attack):
         fs = {kind: PseudoLabel(grad, weight, bias, row, kind) for kind in kinds}
         if len(fs) == 2 and probe_prefers_mixup(fs):
             fs = {"mixup": fs["mixup"], "smoothing": fs["smoothing"]}
-        results = search(fs, ctx.seed, first)
+        results = search(fs, ctx.seed, first, self.options)
         exact = [r for r in results if r.exact]
         chosen = exact[0] if exact else min(results, key=lambda r: r.loss)
         f = PseudoLabel(grad, weight, bias, row, chosen.augmentation)

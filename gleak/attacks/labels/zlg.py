@@ -5,13 +5,22 @@ Notes: docs/methods/label-recovery.md#zlg.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
+from pydantic import Field
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, register
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import round_counts, row_sums
+from gleak.attacks.options import AttackOptions
 
-DUMMY_SAMPLES = 256
+DUMMY_SAMPLES = 256  # the default of ZLGOptions.dummy_samples
+
+
+class ZLGOptions(AttackOptions):
+    dummy_samples: int = Field(DUMMY_SAMPLES, ge=1, le=65_536, description="random dummy inputs that estimate p̄ "
+                               "and Ō")
 
 
 class _ZLGBase(Attack):
@@ -48,9 +57,11 @@ class ZLG(_ZLGBase):
     name = "zlg"
     summary = "label counts from row sums with p̄ and Ō estimated on dummy images"
     requires = Requirements(needs_model_forward=True, needs_nonneg_features=True)
+    Options: ClassVar[type[AttackOptions]] = ZLGOptions
+    options: ZLGOptions
 
     def samples(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
-        return ctx.features_and_logits(ctx.dummy_inputs(DUMMY_SAMPLES, "random", self.generator(ctx)))
+        return ctx.features_and_logits(ctx.dummy_inputs(self.options.dummy_samples, "random", self.generator(ctx)))
 
 
 @register

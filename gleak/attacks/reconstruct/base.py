@@ -1,14 +1,22 @@
-"""What every reconstruction attack shares: its options, the requirements, and model input <-> pixels."""
+"""What every reconstruction attack shares: its options, the requirements, and model input <-> pixels.
+
+Two kinds of settings: the user's *options* (iterations, restarts, lr, tv and per attack distance, beta,
+signed), declared as typed models (:class:`ReconSettings` and its subclasses in dlg.py, ig.py, feature.py), and
+the *run inputs* (targets, feature, progress) that the caller supplies for each run. Both travel in one mutable,
+validated :class:`ReconOptions` at ``attack.options``; :meth:`ReconstructionAttack.used_options` gives the
+attack's typed options with the overrides applied."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import ConfigDict, Field
 
 from gleak.attacks.base import Attack, ImageOutput, Requirements
 from gleak.attacks.context import Context
+from gleak.attacks.options import AttackOptions, resolve_options
 from gleak.attacks.reconstruct.objective import DISTANCES, GradientMatcher
 from gleak.attacks.reconstruct.optimize import Progress, adam, lbfgs
 from gleak.errors import GleakError
@@ -19,33 +27,98 @@ from gleak.errors import GleakError
 # minute on one core; steps after convergence end early and cost a few evaluations each), Inverting Gradients'
 # Adam for cosine (its CIFAR-10 schedule, 4,800 steps). See docs/methods/reconstruction.md#optimisers.
 OPTIMISERS: dict[str, tuple[str, int, float]] = {"l2": ("lbfgs", 300, 1.0), "cosine": ("adam", 4800, 0.1)}
+MAX_ITERATIONS = 10_000_000
+MAX_RESTARTS = 1_000
+MAX_STEP, MAX_WEIGHT = 1e6, 1e12
+Distance = Literal["l2", "cosine"]  # DISTANCES of objective.py
+HELP = {
+    "iterations": "optimiser steps: L-BFGS outer steps (up to 20 evaluations each) or Adam steps; auto: 300 "
+                  "for l2, 4800 for cosine",
+    "restarts": "random restarts; the one with the lowest loss is kept",
+    "lr": "step size (> 0); auto: 1 for l2 (L-BFGS), 0.1 for cosine (Adam)",
+    "tv": "weight of the total-variation prior (≥ 0)",
+    "distance": "gradient distance: l2 (L-BFGS, as DLG) or cosine (Adam, as Inverting Gradients)",
+    "beta": "weight β of the feature term (≥ 0)",
+    "signed": "Adam on the signed gradient (Inverting Gradients' variant)",
+}
 
 
-@dataclass
-class ReconOptions:
-    """Inputs and knobs of a reconstruction. ``None`` means the attack's own default."""
+class ReconSettings(AttackOptions):
+    """Options of every gradient-matching attack; None (iterations, lr) means the optimiser's default
+    (L-BFGS: 300 steps, lr 1; Adam: 4,800 steps, lr 0.1)."""
+
+    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS, description=HELP["iterations"])
+    restarts: int = Field(1, ge=1, le=MAX_RESTARTS, description=HELP["restarts"])
+    lr: float | None = Field(None, gt=0, le=MAX_STEP, description=HELP["lr"])
+    tv: float = Field(1e-2, ge=0, le=MAX_WEIGHT, description=HELP["tv"])
+
+
+class ReconOptions(AttackOptions):
+    """One reconstruction run: its inputs (targets, feature, progress; the caller's, never the user's) and
+    overrides of the attack's options (None: the attack's setting). Mutable, validated on assignment; fields the
+    attack does not declare (e.g. ``distance`` for ig) are not used."""
+
+    model_config = ConfigDict(frozen=False, validate_assignment=True, arbitrary_types_allowed=True)
 
     targets: torch.Tensor | None = None  # [B, C] training targets as the client's loss saw them
     feature: torch.Tensor | None = None  # [d] last-layer input of the single example (feature, fcn)
-    iterations: int | None = None
-    restarts: int = 1
-    lr: float | None = None
-    tv: float | None = None
-    distance: str | None = None  # 'l2' or 'cosine' (feature attack)
-    beta: float | None = None  # weight of the feature term (feature attack)
+    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)
+    restarts: int | None = Field(None, ge=1, le=MAX_RESTARTS)
+    lr: float | None = Field(None, gt=0, le=MAX_STEP)
+    tv: float | None = Field(None, ge=0, le=MAX_WEIGHT)
+    distance: Distance | None = None  # feature attack
+    beta: float | None = Field(None, ge=0, le=MAX_WEIGHT)  # weight of the feature term
     signed: bool | None = None  # Adam on the signed gradient (ig, feature with cosine)
     progress: Progress | None = None
 
 
+RUN_INPUTS = ("targets", "feature", "progress")
+
+
 class ReconstructionAttack(Attack):
-    """Base of the image attacks; the CLI sets :attr:`options` before running one."""
+    """Base of the image attacks; the caller sets the run inputs in :attr:`options` (targets, feature) and may
+    :meth:`configure` the typed options before running one."""
 
     task: ClassVar[str] = "reconstruct"
     requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True,
                                                     needs_batch_forward=True)
+    options: ReconOptions
 
     def __init__(self) -> None:
         self.options = ReconOptions()
+
+    def configure(self, values: Mapping[str, Any] | None = None,
+                  sources: Mapping[str, str] | None = None) -> AttackOptions:
+        """Validate ``values`` into this attack's options (see :meth:`Attack.configure`) and store them as the
+        overrides of :attr:`options`, keeping its run inputs."""
+        typed = resolve_options(type(self), values or {}, sources)
+        knobs = {k: None for k in ReconOptions.model_fields if k not in RUN_INPUTS}
+        knobs.update(typed.model_dump())
+        inputs = {k: getattr(self.options, k) for k in RUN_INPUTS}
+        self.options = ReconOptions(**inputs, **knobs)
+        return typed
+
+    def used_options(self) -> AttackOptions:
+        """The attack's typed options with the overrides in :attr:`options` applied, and an automatic iteration
+        count or step size replaced by the value the optimiser uses."""
+        given = {k: v for k in self.Options.model_fields if (v := getattr(self.options, k, None)) is not None}
+        typed = resolve_options(type(self), given)
+        if isinstance(typed, ReconSettings):
+            _, iterations, lr = OPTIMISERS[self.distance(typed)]
+            fill = {k: v for k, v in (("iterations", iterations), ("lr", lr)) if getattr(typed, k) is None}
+            return typed.model_copy(update=fill) if fill else typed
+        return typed
+
+    def settings(self) -> ReconSettings:
+        """:meth:`used_options` of a gradient-matching attack."""
+        typed = self.used_options()
+        if not isinstance(typed, ReconSettings):
+            raise TypeError(f"{self.name} has no gradient-matching options")
+        return typed
+
+    def distance(self, settings: ReconSettings) -> str:
+        """The gradient distance the attack matches with under ``settings``."""
+        return str(getattr(settings, "distance", "l2"))
 
     def not_applicable(self, ctx: Context) -> str | None:
         reason = super().not_applicable(ctx)
@@ -64,27 +137,27 @@ class ReconstructionAttack(Attack):
                              f"C = {ctx.num_classes}")
         return t
 
-    def match_gradients(self, ctx: Context, distance: str, tv: float, beta: float = 0.0) -> ImageOutput:
-        """Gradient matching (objective.py) with the distance's optimiser; dlg, ig and feature differ only in
-        the distance, the TV weight and the feature term β."""
+    def match_gradients(self, ctx: Context, beta: float = 0.0) -> ImageOutput:
+        """Gradient matching (objective.py) with the distance's optimiser, all settings from
+        :meth:`settings`; dlg, ig and feature differ only in the distance, the TV weight and the feature term β."""
+        s = self.settings()
+        distance = self.distance(s)
         if distance not in DISTANCES:
             raise GleakError(f"--distance must be one of {', '.join(DISTANCES)}, got '{distance}'")
         o = self.options
-        optimiser, default_iterations, default_lr = OPTIMISERS[distance]
-        iterations = o.iterations if o.iterations is not None else default_iterations
-        if iterations < 1:
-            raise GleakError("--iterations must be ≥ 1")
+        optimiser = OPTIMISERS[distance][0]
+        iterations, lr, tv, signed = s.iterations, s.lr, s.tv, bool(getattr(s, "signed", False))
+        assert iterations is not None and lr is not None  # filled in by used_options
         matcher = GradientMatcher(ctx, self.targets(ctx), distance, beta=beta, feature=o.feature, tv=tv)
         shape = (ctx.require_batch_size(), *ctx.require_input_shape())
-        lr = o.lr or default_lr
         if optimiser == "lbfgs":
-            sol = lbfgs(matcher, shape, iterations, o.restarts, lr, self.generator(ctx), ctx.device, o.progress)
+            sol = lbfgs(matcher, shape, iterations, s.restarts, lr, self.generator(ctx), ctx.device, o.progress)
         else:
-            sol = adam(matcher, shape, iterations, o.restarts, lr, self.generator(ctx), ctx.device, input_box(ctx),
-                       bool(o.signed), o.progress)
-            optimiser = "adam-signed" if o.signed else "adam"
+            sol = adam(matcher, shape, iterations, s.restarts, lr, self.generator(ctx), ctx.device, input_box(ctx),
+                       signed, o.progress)
+            optimiser = "adam-signed" if signed else "adam"
         diag: dict[str, Any] = {"distance": distance, "optimizer": optimiser, "iterations": iterations,
-                                "restarts": o.restarts, "tv": tv, "beta": beta, "loss": sol.loss,
+                                "restarts": s.restarts, "tv": tv, "beta": beta, "loss": sol.loss,
                                 "best_restart": sol.restart, "restart_losses": sol.losses,
                                 "iterations_run": sol.iterations_run, "evaluations_run": sol.evaluations_run}
         return image_output(ctx, sol.inputs, diag)

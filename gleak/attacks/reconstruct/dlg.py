@@ -11,9 +11,27 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from gleak.attacks.base import ImageOutput, register
 from gleak.attacks.context import Context
-from gleak.attacks.reconstruct.base import ReconstructionAttack
+from gleak.attacks.options import AttackOptions
+from gleak.attacks.reconstruct.base import (
+    HELP,
+    MAX_ITERATIONS,
+    MAX_STEP,
+    MAX_WEIGHT,
+    OPTIMISERS,
+    ReconSettings,
+    ReconstructionAttack,
+)
+
+
+class DLGOptions(ReconSettings):
+    iterations: int | None = Field(OPTIMISERS["l2"][1], ge=1, le=MAX_ITERATIONS, description="L-BFGS outer steps "
+                                   "(each up to 20 evaluations)")
+    lr: float | None = Field(OPTIMISERS["l2"][2], gt=0, le=MAX_STEP, description="L-BFGS step size (> 0)")
+    tv: float = Field(0.0, ge=0, le=MAX_WEIGHT, description=HELP["tv"] + "; DLG uses none")
 
 
 @register
@@ -21,7 +39,7 @@ class DLG(ReconstructionAttack):
     name = "dlg"
     paper = "Zhu, Liu & Han, Deep Leakage from Gradients, NeurIPS 2019"
     summary = "inputs whose gradient matches the capture in L2 (L-BFGS), labels fixed"
-    default_tv: ClassVar[float] = 0.0
+    Options: ClassVar[type[AttackOptions]] = DLGOptions
 
     def run(self, ctx: Context) -> ImageOutput:
-        return self.match_gradients(ctx, "l2", self.default_tv if self.options.tv is None else self.options.tv)
+        return self.match_gradients(ctx)

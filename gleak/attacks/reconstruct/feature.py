@@ -13,10 +13,19 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from gleak.attacks.base import ImageOutput, Requirements, register
 from gleak.attacks.context import Context
-from gleak.attacks.reconstruct.base import ReconstructionAttack
+from gleak.attacks.options import AttackOptions
+from gleak.attacks.reconstruct.base import HELP, MAX_WEIGHT, Distance, ReconSettings, ReconstructionAttack
 from gleak.errors import GleakError
+
+
+class FeatureOptions(ReconSettings):
+    distance: Distance = Field("l2", description=HELP["distance"])
+    beta: float = Field(2.0, ge=0, le=MAX_WEIGHT, description=HELP["beta"])
+    signed: bool = Field(False, description=HELP["signed"] + "; with distance cosine only")
 
 
 @register
@@ -27,13 +36,12 @@ class FeatureMatching(ReconstructionAttack):
     summary = "gradient matching plus a term pulling the dummy's last-layer input to the recovered feature"
     requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True,
                                                     needs_batch_forward=True, single_sample=True)
-    default_tv: ClassVar[float] = 1e-2
-    default_beta: ClassVar[float] = 2.0
+    Options: ClassVar[type[AttackOptions]] = FeatureOptions
 
     def run(self, ctx: Context) -> ImageOutput:
-        o = self.options
-        if o.feature is None:
+        if self.options.feature is None:
             raise GleakError("no last-layer feature was recovered for this example (softlabel found none and the "
                              "last layer has no bias)")
-        return self.match_gradients(ctx, o.distance or "l2", self.default_tv if o.tv is None else o.tv,
-                                    self.default_beta if o.beta is None else o.beta)
+        settings = self.settings()
+        assert isinstance(settings, FeatureOptions)
+        return self.match_gradients(ctx, settings.beta)

@@ -14,9 +14,26 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import Field
+
 from gleak.attacks.base import ImageOutput, register
 from gleak.attacks.context import Context
-from gleak.attacks.reconstruct.base import ReconstructionAttack
+from gleak.attacks.options import AttackOptions
+from gleak.attacks.reconstruct.base import (
+    HELP,
+    MAX_ITERATIONS,
+    MAX_STEP,
+    OPTIMISERS,
+    ReconSettings,
+    ReconstructionAttack,
+)
+
+
+class IGOptions(ReconSettings):
+    iterations: int | None = Field(OPTIMISERS["cosine"][1], ge=1, le=MAX_ITERATIONS, description="Adam steps "
+                                   "(step decay ×0.1 at 3/8, 5/8 and 7/8)")
+    lr: float | None = Field(OPTIMISERS["cosine"][2], gt=0, le=MAX_STEP, description="Adam step size (> 0)")
+    signed: bool = Field(False, description=HELP["signed"])
 
 
 @register
@@ -24,7 +41,10 @@ class InvertingGradients(ReconstructionAttack):
     name = "ig"
     paper = "Geiping, Bauermeister, Dröge & Moeller, Inverting Gradients, NeurIPS 2020"
     summary = "inputs whose gradient points the captured way (cosine + TV prior, Adam), labels fixed"
-    default_tv: ClassVar[float] = 1e-2
+    Options: ClassVar[type[AttackOptions]] = IGOptions
+
+    def distance(self, settings: ReconSettings) -> str:
+        return "cosine"
 
     def run(self, ctx: Context) -> ImageOutput:
-        return self.match_gradients(ctx, "cosine", self.default_tv if self.options.tv is None else self.options.tv)
+        return self.match_gradients(ctx)

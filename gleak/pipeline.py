@@ -1,4 +1,6 @@
-"""Opening what the attack commands read: capture, model, auxiliary data, ground truth -> Context."""
+"""The library pipeline's first stage: open what the attacks read (capture, model, auxiliary data, ground
+truth) into a validated :class:`~gleak.attacks.Context`. ``gleak labels``, ``reconstruct`` and ``audit`` all
+start here; the CLI only parses options and renders results."""
 
 from __future__ import annotations
 
@@ -6,13 +8,27 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gleak.attacks import Context, build_context
 from gleak.capture import Truth, load_capture, load_truth, truth_path_for
-from gleak.cli.common import resolve_device
 from gleak.data import load_dataset
 from gleak.errors import GleakError
 from gleak.losses import LossSpec
 from gleak.models import load_model
+
+
+def resolve_device(device: str) -> torch.device:
+    """The torch device for ``auto``, ``cpu`` or ``cuda[:N]``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise GleakError(f"--device {device} requested but no CUDA device is available")
+        return torch.device(device)
+    raise GleakError(f"--device must be auto, cpu or cuda, got '{device}'")
 
 
 @dataclass

@@ -1,0 +1,490 @@
+"""``gleak audit`` as a library: find captures, match each to its model and auxiliary data, plan and run the
+attacks by budget, score them against the ground truth, turn the scores into findings, and build the
+:class:`~gleak.report.model.Report` that every output format renders.
+
+Findings and their thresholds (defaults in :class:`~gleak.report.model.Thresholds`, documented in the README):
+
+* ``GLEAK-LABELS`` — the best label attack's iAcc (the instance-level accuracy of the recovered label counts,
+  as in Ma et al., ICLR 2023, and Chen & Vikalo, ICML 2024): critical when every label is recovered exactly,
+  high at iAcc ≥ 0.9, medium when it beats random guessing (the exact chance iAcc of the same batch) by ≥ 0.2,
+  low by ≥ 0.05.
+* ``GLEAK-SOFT-LABEL`` — the soft label of one example recovered within L1 < 1e-3, the success criterion of
+  Wang, Liang & He (ICLR 2024): high.
+* ``GLEAK-IMAGES`` — the mean PSNR of the matched reconstructions: critical ≥ 30 dB, high ≥ 20 dB, medium when
+  ≥ 3 dB above the no-attack baseline (each image's flat mean colour, or the mean of the other true images),
+  low ≥ 1 dB above it.
+* ``GLEAK-LABELS-AGREE`` (no ground truth) — independent label attacks that agree exactly: info, since only
+  the truth can say whether they agree on the right answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from gleak import __version__
+from gleak.attacks import REGISTRY, Context, build_context, get_attack, run_attack
+from gleak.attacks.base import AttackResult
+from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
+from gleak.data import Dataset, load_dataset
+from gleak.errors import GleakError, shorten
+from gleak.metrics.labels import chance_scores, label_scores, soft_label_scores, truth_counts
+from gleak.models import LoadedModel, load_model
+from gleak.pipeline import resolve_device
+from gleak.report.model import (
+    AttackEntry,
+    CaptureReport,
+    FileRef,
+    Finding,
+    Notice,
+    Report,
+    Severity,
+    Thresholds,
+)
+
+BUDGETS = ("quick", "standard", "full")
+# budget -> iterations of the bounded gradient-matching run (None: the attack's default); quick runs none
+STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
+MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
+CAPTURE_KINDS = ("gradient", "update")
+HEADER_LIMIT = 100_000_000  # a safetensors header larger than this is not read for the capture check
+
+
+@dataclass
+class AuditConfig:
+    """What to run and how to judge it."""
+
+    budget: str = "quick"
+    fail_on: Severity | Literal["none"] = "high"
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    seed: int = 0
+    device: str = "auto"
+    lpips: str = "alex"
+    allow_model_mismatch: bool = False
+    trust_pickle: bool = False
+    arch: str | None = None
+    arch_kwargs: str | None = None
+    command: list[str] = field(default_factory=list)
+    options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
+
+    def __post_init__(self) -> None:
+        if self.budget not in BUDGETS:
+            raise GleakError(f"--budget must be one of {', '.join(BUDGETS)}, got {shorten(repr(self.budget), 40)}")
+
+
+# ----------------------------------------------------------------------------------------------- discovery
+def _safetensors_kind(path: Path) -> str | None:
+    """``gleak.kind`` from a safetensors header without reading the tensors (None when not a gleak file)."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                return None
+            (size,) = struct.unpack("<Q", raw)
+            if size > HEADER_LIMIT:
+                return None
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    kind = meta.get("gleak.kind") if isinstance(meta, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def find_captures(paths: Sequence[Path]) -> list[Path]:
+    """Captures named directly, and every capture file (gleak.kind gradient/update) under the directories."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += [p for p in sorted(path.rglob("*.safetensors"))
+                      if p.is_file() and _safetensors_kind(p) in CAPTURE_KINDS]
+        elif path.exists():
+            found.append(path)
+        else:
+            raise GleakError(f"{path}: no such file or directory")
+    if not found:
+        raise GleakError("no captures found in " + ", ".join(str(p) for p in paths))
+    return list(dict.fromkeys(found))
+
+
+def find_models(paths: Sequence[Path]) -> list[Path]:
+    """Model files named directly, and every model-like file in the directories (captures and data excluded)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MODEL_SUFFIXES
+                      and (p.suffix.lower() != ".safetensors" or _safetensors_kind(p) is None)]
+        elif path.exists():
+            found.append(path)
+        else:
+            raise GleakError(f"{path}: no such file or directory")
+    if not found:
+        raise GleakError("no model files found in " + ", ".join(str(p) for p in paths))
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class ModelSet:
+    """The models given, loaded once, indexed by the tensor hash captures record (gleak.model.sha256)."""
+
+    models: list[tuple[Path, LoadedModel]]
+
+    @classmethod
+    def load(cls, paths: Sequence[Path], config: AuditConfig) -> ModelSet:
+        return cls([(p, load_model(p, config.arch, config.arch_kwargs, config.trust_pickle)) for p in paths])
+
+    def match(self, capture: Capture) -> tuple[Path, LoadedModel]:
+        recorded = capture.get("gleak.model.sha256")
+        if recorded is not None:
+            for path, loaded in self.models:
+                if loaded.weights_sha256 == recorded:
+                    return path, loaded
+            if len(self.models) == 1:
+                return self.models[0]  # build_context then refuses it unless --allow-model-mismatch
+            raise GleakError(f"none of the {len(self.models)} models has the weights this capture was made with "
+                             f"(gleak.model.sha256 {recorded[:12]}…)")
+        if len(self.models) == 1:
+            return self.models[0]
+        raise GleakError("the capture records no gleak.model.sha256 and several models were given: audit it "
+                         "with its one model")
+
+
+def _aux_fits(data: Dataset, ctx_shape: tuple[int, ...] | None, num_classes: int) -> bool:
+    if ctx_shape is not None and tuple(data.input_shape) != tuple(ctx_shape):
+        return False
+    return bool(len(data.labels) == 0 or int(data.labels.max()) < num_classes)
+
+
+# ----------------------------------------------------------------------------------------------- running
+def _entry(result: AttackResult, task: str, scores: dict[str, float | None] | None = None,
+           options: dict[str, Any] | None = None) -> AttackEntry:
+    out = result.output
+    counts = soft = None
+    if result.status == "ok" and task == "labels":
+        counts = [int(c) for c in result.labels.counts.tolist()]
+        if result.labels.soft_label is not None:
+            soft = [float(v) for v in result.labels.soft_label.tolist()]
+    del out
+    return AttackEntry(attack=result.attack, task=task, status=result.status,
+                       seconds=round(result.seconds, 4), reason=result.reason, counts=counts, soft_label=soft,
+                       scores=scores, options=options or result.options or {}, warnings=list(result.warnings))
+
+
+def _label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
+    scored = [a for a in report.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
+    findings: list[Finding] = []
+    if scored and report.chance is not None:
+        best = max(scored, key=lambda a: a.scores["iacc"] or 0.0)  # type: ignore[index]
+        iacc = float(best.scores["iacc"] or 0.0)  # type: ignore[index]
+        chance = float(report.chance["iacc"])
+        margin = iacc - chance
+        exact = float((best.scores or {}).get("exact") or 0.0)
+        severity: Severity | None = None
+        threshold = 0.0
+        if iacc >= th.labels_critical and exact >= 1.0:
+            severity, threshold = "critical", th.labels_critical
+        elif iacc >= th.labels_high:
+            severity, threshold = "high", th.labels_high
+        elif margin >= th.labels_medium_margin:
+            severity, threshold = "medium", chance + th.labels_medium_margin
+        elif margin >= th.labels_low_margin:
+            severity, threshold = "low", chance + th.labels_low_margin
+        if severity is not None:
+            findings.append(Finding(
+                rule="GLEAK-LABELS", severity=severity, capture=report.capture.path, attack=best.attack,
+                title=f"{best.attack} recovers {iacc:.0%} of the batch's labels (chance {chance:.0%})",
+                measured=round(iacc, 4), metric="iacc", chance=round(chance, 4), threshold=round(threshold, 4),
+                detail=f"margin over random guessing {margin:+.3f}; exact-count accuracy {exact:.3f}"))
+    soft = [a for a in report.attacks if a.scores and a.scores.get("soft_success") == 1.0]
+    if soft:
+        a = soft[0]
+        findings.append(Finding(
+            rule="GLEAK-SOFT-LABEL", severity="high", capture=report.capture.path, attack=a.attack,
+            title=f"{a.attack} recovers the example's soft label (L1 {a.scores['soft_l1']:.1e})",  # type: ignore[index]
+            measured=a.scores["soft_l1"], metric="soft_l1", threshold=1e-3,  # type: ignore[index]
+            detail="success criterion of Wang, Liang & He (ICLR 2024): L1 distance below 1e-3"))
+    if not scored:
+        ok = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.counts is not None]
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for a in ok:
+            groups.setdefault(tuple(a.counts or ()), []).append(a.attack)
+        agreeing = max(groups.values(), key=len, default=[])
+        if len(agreeing) >= 2:
+            findings.append(Finding(
+                rule="GLEAK-LABELS-AGREE", severity="info", capture=report.capture.path, attack=agreeing[0],
+                title=f"{len(agreeing)} of {len(ok)} label attacks agree on the same label counts",
+                measured=round(len(agreeing) / len(ok), 4), metric="agreement",
+                detail=f"{', '.join(agreeing)}; without ground truth, agreement is not proof of a leak"))
+    return findings
+
+
+def _image_finding(report: CaptureReport, entry: AttackEntry, baseline: float, th: Thresholds) -> Finding | None:
+    psnr = (entry.scores or {}).get("psnr")
+    if psnr is None:
+        return None
+    severity: Severity | None = None
+    threshold = 0.0
+    if psnr >= th.image_critical_psnr:
+        severity, threshold = "critical", th.image_critical_psnr
+    elif psnr >= th.image_high_psnr:
+        severity, threshold = "high", th.image_high_psnr
+    elif psnr >= baseline + th.image_medium_margin:
+        severity, threshold = "medium", baseline + th.image_medium_margin
+    elif psnr >= baseline + th.image_low_margin:
+        severity, threshold = "low", baseline + th.image_low_margin
+    if severity is None:
+        return None
+    ssim = (entry.scores or {}).get("ssim")
+    return Finding(rule="GLEAK-IMAGES", severity=severity, capture=report.capture.path, attack=entry.attack,
+                   title=f"{entry.attack} reconstructs the inputs at {psnr:.1f} dB PSNR", measured=round(psnr, 3),
+                   metric="psnr", chance=round(baseline, 3), threshold=round(threshold, 3),
+                   detail=f"SSIM {ssim:.3f}; no-attack baseline {baseline:.2f} dB" if ssim is not None else None)
+
+
+def _reconstruction_plan(ctx: Context, budget: str) -> tuple[str | None, int | None, str | None]:
+    """(attack, iterations or None for its default, why nothing runs) for ``budget``."""
+    fcn = get_attack("fcn")
+    if fcn.not_applicable(ctx) is None:
+        return "fcn", None, None
+    if budget == "quick":
+        return None, None, ("reconstruction skipped (budget quick: analytic attacks only; fcn does not apply: "
+                            f"{fcn.not_applicable(ctx)})")
+    name = "feature" if ctx.batch_size == 1 else "ig"
+    reason = get_attack(name).not_applicable(ctx)
+    if reason:
+        return None, None, f"reconstruction skipped ({name} does not apply: {reason})"
+    if budget == "standard":
+        return name, STANDARD_ITERATIONS["lbfgs" if name == "feature" else "adam"], None
+    return name, None, None
+
+
+def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir: Path | None,
+                 stem: str) -> tuple[AttackEntry | None, float | None, str | None]:
+    """Run the budget's reconstruction; (entry, baseline PSNR or None, why skipped)."""
+    from gleak.attacks.reconstruct.base import to_pixels
+    from gleak.attacks.reconstruct.inputs import prepare
+
+    budget, lpips = config.budget, config.lpips
+    name, iterations, skipped = _reconstruction_plan(ctx, budget)
+    if name is None:
+        return None, None, skipped
+    attack = get_attack(name)
+    try:
+        prepared = prepare(ctx, "auto", truth, want_feature=name in ("feature", "fcn"))
+    except GleakError as e:
+        return None, None, f"reconstruction skipped (no labels to reconstruct with: {e})"
+    user = config.options.get(name, {})
+    attack.configure(user)
+    if iterations is not None and "iterations" not in user:  # the budget's bound, unless -O set it
+        attack.options.iterations = iterations  # type: ignore[attr-defined]
+    attack.options.targets = prepared.targets  # type: ignore[attr-defined]
+    attack.options.feature = prepared.feature  # type: ignore[attr-defined]
+    result = run_attack(attack, ctx)
+    options = {**(result.options or {}), "labels": prepared.source}
+    if result.status != "ok":
+        return _entry(result, "reconstruct", options=options), None, None
+    images = result.images.images
+    if not bool(torch.isfinite(images).all()):
+        result.status, result.reason, result.output = "failed", "non-finite pixels (diverged)", None
+        return _entry(result, "reconstruct", options=options), None, None
+    scores: dict[str, float | None] | None = None
+    baseline = None
+    artifacts: list[str] = []
+    if truth is not None:
+        from gleak.metrics.images import image_scores
+        from gleak.metrics.perceptual import load_lpips
+        from gleak.report.images import baseline_psnr
+
+        truth_pixels = to_pixels(ctx, truth.inputs)
+        if truth_pixels.shape == images.shape:
+            scorer = load_lpips(lpips) if lpips != "off" else None
+            measured = image_scores(images, truth_pixels, scorer)
+            mean = measured["mean"]
+            scores = {"psnr": _finite(mean.get("psnr")), "ssim": _finite(mean.get("ssim")),
+                      "lpips": _finite(mean.get("lpips"))}
+            baseline = baseline_psnr(truth_pixels)[0]
+            images = images[measured["matching"]]
+    if out_dir is not None:
+        from gleak.io import write_bytes_atomic
+        from gleak.report.images import grid, png_bytes
+
+        rows = [to_pixels(ctx, truth.inputs), images] if truth is not None and scores is not None else [images]
+        relative = Path("captures") / stem / f"{name}_grid.png"
+        write_bytes_atomic(out_dir / relative, png_bytes(grid(rows)), force=True)
+        artifacts.append(relative.as_posix())
+    entry = _entry(result, "reconstruct", scores=scores, options=options)
+    entry.artifacts = artifacts
+    return entry, baseline, None
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and value == value and abs(value) != float("inf") else None
+
+
+def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Dataset]], config: AuditConfig,
+                  out_dir: Path | None = None) -> tuple[CaptureReport, list[Finding], list[Notice]]:
+    """Audit one capture; bad input becomes an error entry (never an exception)."""
+    started = time.perf_counter()
+    report = CaptureReport(capture=FileRef(path=str(path)))
+    notices: list[Notice] = []
+    try:
+        report.capture.sha256 = file_sha256(path)
+        capture = load_capture(path)
+        model_path, loaded = models.match(capture)
+        report.model = FileRef(path=str(model_path), sha256=loaded.weights_sha256 or None)
+        ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
+                            allow_model_mismatch=config.allow_model_mismatch)
+        aux = next(((p, d) for p, d in auxes if _aux_fits(d, ctx.input_shape, ctx.num_classes)), None)
+        if aux is not None:
+            ctx = build_context(capture, loaded, aux[1], resolve_device(config.device), config.seed,
+                                allow_model_mismatch=config.allow_model_mismatch)
+            report.aux = FileRef(path=str(aux[0]))
+        truth_file = truth_path_for(path)
+        truth = load_truth(truth_file, capture) if truth_file.exists() else None
+        if truth is not None:
+            truth.check(ctx.num_classes, ctx.total_examples, f"ground truth {truth_file}")
+            report.truth = FileRef(path=str(truth_file), sha256=file_sha256(truth_file))
+    except GleakError as e:
+        report.status, report.error = "error", shorten(str(e), 600)
+        report.seconds = round(time.perf_counter() - started, 3)
+        return report, [], notices
+    report.kind, report.batch_size, report.local_steps = ctx.kind, ctx.batch_size, ctx.local_steps
+    report.num_classes, report.last_layer = ctx.num_classes, ctx.layer.name
+    report.loss = {"name": ctx.loss.name, "reduction": ctx.loss.reduction, "label_smoothing": ctx.loss.label_smoothing,
+                   "temperature": ctx.loss.temperature}
+    report.model_mode = ctx.mode_note
+    report.assumptions = _assumptions(ctx, capture)
+    counts = truth_counts(truth.labels, ctx.num_classes) if truth is not None else None
+    soft_truth = None
+    if truth is not None and ctx.total_examples == 1:
+        lab = truth.labels
+        soft_truth = (lab[0].double() if lab.dim() == 2
+                      else torch.nn.functional.one_hot(lab[0], ctx.num_classes).double())
+    if counts is not None:
+        report.truth_counts = [int(c) for c in counts.tolist()]
+        report.chance = chance_scores(counts)
+    else:
+        notices.append(Notice(code="NO_TRUTH", capture=str(path), message=(
+            "no ground truth next to the capture: recovered labels are reported, but leakage cannot be scored "
+            "(gleak simulate and the capture helpers write NAME.truth.safetensors)")))
+    for name in sorted(n for n, cls in REGISTRY.items() if cls.task == "labels"):
+        label_attack = get_attack(name)
+        label_attack.configure(config.options.get(name, {}))
+        result = run_attack(label_attack, ctx)
+        scores: dict[str, float | None] | None = None
+        if result.status == "ok" and counts is not None:
+            scores = dict(label_scores(result.labels.counts, counts))
+            if soft_truth is not None and result.labels.soft_label is not None:
+                scores.update(soft_label_scores(result.labels.soft_label, soft_truth))
+        report.attacks.append(_entry(result, "labels", scores))
+        if result.status == "not_applicable":
+            report.skipped.append(f"{name}: {result.reason}")
+    findings = _label_findings(report, config.thresholds)
+    entry, baseline, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(path))
+    if skipped:
+        report.skipped.append(skipped)
+    if entry is not None:
+        report.attacks.append(entry)
+        if baseline is not None:
+            image = _image_finding(report, entry, baseline, config.thresholds)
+            if image is not None:
+                findings.append(image)
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report, findings, notices
+
+
+def _stem(path: Path) -> str:
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:8]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in path.stem)[:60]
+    return f"{safe}-{digest}"
+
+
+def _assumptions(ctx: Context, capture: Capture) -> list[str]:
+    out = [f"kind {ctx.kind}: {ctx.gradient_note or 'read as captured'}",
+           f"loss {ctx.loss.name} ({ctx.loss.reduction}), label smoothing {ctx.loss.label_smoothing:g}, "
+           f"temperature {ctx.loss.temperature:g}",
+           f"B = {ctx.batch_size}, m = {ctx.local_steps}, C = {ctx.num_classes}, last layer '{ctx.layer.name}'"]
+    if ctx.mode_note:
+        out.append(f"model {ctx.mode_note}")
+    read = sorted(k for k in capture.meta if k.startswith("gleak."))
+    out.append(f"metadata read: {', '.join(read)}" if read else "no gleak.* metadata")
+    return out
+
+
+def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: Sequence[Path],
+              config: AuditConfig, out_dir: Path | None = None,
+              progress: Callable[[int, int, Path], None] | None = None, jobs: int = 1) -> Report:
+    """Audit every capture under ``captures`` against the models and aux data given; the whole report.
+
+    With ``jobs`` > 1 the captures are audited in that many worker processes (spawned, one torch thread each,
+    each loading the models and aux data once); the report keeps the captures' order either way. One capture
+    is held in memory per worker at a time, so memory does not grow with the number of captures."""
+    started = time.perf_counter()
+    files = find_captures(captures)
+    model_files = find_models(model_paths)
+    report = Report(gleak_version=__version__, command=list(config.command), budget=config.budget,
+                    fail_on=config.fail_on, seed=config.seed, device=str(resolve_device(config.device)),
+                    threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs)
+    results: list[tuple[CaptureReport, list[Finding], list[Notice]] | None] = [None] * len(files)
+    if jobs <= 1 or len(files) <= 1:
+        models = ModelSet.load(model_files, config)
+        auxes = [(p, load_dataset(p)) for p in aux_paths]
+        for i, path in enumerate(files):
+            if progress is not None:
+                progress(i, len(files), path)
+            results[i] = audit_capture(path, models, auxes, config, out_dir)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ModelSet.load(model_files, config)  # bad model files fail here, once, before any worker starts
+        for p in aux_paths:
+            load_dataset(p)
+        threads = torch.get_num_threads()
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_worker_init,
+                                 initargs=(list(model_files), list(aux_paths), config, threads)) as pool:
+            futures = {pool.submit(_worker_audit, path, out_dir): i for i, path in enumerate(files)}
+            for done, future in enumerate(as_completed(futures)):
+                i = futures[future]
+                results[i] = future.result()
+                if progress is not None:
+                    progress(done, len(files), files[i])
+    for entry in results:
+        assert entry is not None
+        report.captures.append(entry[0])
+        report.findings += entry[1]
+        report.notices += entry[2]
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(model_files: list[Path], aux_paths: list[Path], config: AuditConfig, threads: int) -> None:
+    """A worker process: the same thread count as the parent, the models and aux data loaded once."""
+    torch.set_num_threads(threads)
+    _WORKER["models"] = ModelSet.load(model_files, config)
+    _WORKER["auxes"] = [(p, load_dataset(p)) for p in aux_paths]
+    _WORKER["config"] = config
+
+
+def _worker_audit(path: Path, out_dir: Path | None) -> tuple[CaptureReport, list[Finding], list[Notice]]:
+    return audit_capture(path, _WORKER["models"], _WORKER["auxes"], _WORKER["config"], out_dir)

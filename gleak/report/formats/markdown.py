@@ -1,0 +1,119 @@
+"""``report.md``: a short Markdown summary for pull-request comments and ``$GITHUB_STEP_SUMMARY``.
+
+A verdict line, the findings, one row per capture and the notices. Every string from the report goes through
+:func:`md_escape`, so a capture named ``[x](http://evil)`` or holding ``<script>`` shows as text.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+
+from gleak.report.model import AttackEntry, CaptureReport, Report, severity_rank
+
+NAME = "md"
+FILENAME = "report.md"
+
+# Markdown (CommonMark + GFM: tables, strikethrough, autolinks, math) metacharacters, backslash-escaped.
+# ':' and '@' break GFM's bare-URL and e-mail autolinks, '$' GitHub's math, '~' strikethrough.
+_BACKSLASHED = set("\\`*_{}[]()#+-.!|~:@$")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}  # entities, not backslashes: raw HTML can never form
+
+
+def md_escape(text: object) -> str:
+    """``text`` as literal Markdown inline text: metacharacters backslash-escaped, ``& < >`` as HTML entities
+    (so no raw HTML renders), newlines and other control characters as spaces (a table cell stays one line)."""
+    out: list[str] = []
+    for ch in str(text):
+        if ch in _HTML:
+            out.append(_HTML[ch])
+        elif ch in _BACKSLASHED:
+            out.append("\\" + ch)
+        elif ch in "\r\n\t\v\f" or (ord(ch) < 32 or ord(ch) == 127):
+            out.append(" ")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    text = f"{value:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _best_label_attack(capture: CaptureReport) -> AttackEntry | None:
+    """The label attack with the highest iAcc (when scored), else the first one that ran."""
+    ran = [a for a in capture.attacks if a.task == "labels" and a.status == "ok"]
+    scored = [a for a in ran if a.scores and a.scores.get("iacc") is not None]
+    if scored:
+        return max(scored, key=lambda a: (a.scores or {}).get("iacc") or 0.0)
+    return ran[0] if ran else None
+
+
+def _psnr_range(capture: CaptureReport) -> str:
+    values = [a.scores["psnr"] for a in capture.attacks
+              if a.task == "reconstruct" and a.status == "ok" and a.scores and a.scores.get("psnr") is not None]
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "—"
+    return f"{min(finite):.2f} / {max(finite):.2f} dB"
+
+
+def _capture_row(capture: CaptureReport) -> str:
+    name = md_escape(capture.capture.path)
+    if capture.status == "error":
+        return f"| {name} | error: {md_escape(capture.error or 'unknown')} | — | — | — | — |"
+    best = _best_label_attack(capture)
+    iacc = (best.scores or {}).get("iacc") if best else None
+    chance = (capture.chance or {}).get("iacc")
+    margin = "—"
+    if iacc is not None and chance is not None:
+        margin = f"{iacc - chance:+.3f}"
+    attack = md_escape(best.attack) if best else "—"
+    return f"| {name} | ok | {attack} | {_num(iacc)} | {margin} | {_psnr_range(capture)} |"
+
+
+def render(report: Report, out_dir: Path | None = None) -> str:
+    """The summary as GitHub-flavoured Markdown (``out_dir`` is not needed: nothing is embedded)."""
+    verdict = "FAIL" if report.failed() else "PASS"
+    icon = "❌" if verdict == "FAIL" else "✅"
+    worst = report.worst()
+    lines = [
+        f"## {icon} gleak audit: **{verdict}**",
+        "",
+        f"Worst finding: **{worst or 'none'}** (fails at ≥ {report.fail_on}); "
+        f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}, "
+        f"{len(report.captures)} capture{'s' if len(report.captures) != 1 else ''}, budget {report.budget}, "
+        f"gleak {md_escape(report.gleak_version)}.",
+        "",
+    ]
+    if report.findings:
+        lines += ["### Findings", "",
+                  "| Severity | Capture | Rule | Finding | Metric | Measured | Chance | Threshold |",
+                  "|---|---|---|---|---|---:|---:|---:|"]
+        for f in sorted(report.findings, key=lambda f: -severity_rank(f.severity)):
+            lines.append(
+                f"| **{f.severity}** | {md_escape(f.capture)} | {md_escape(f.rule)} | {md_escape(f.title)} | "
+                f"{md_escape(f.metric or '')} | {_num(f.measured)} | {_num(f.chance)} | {_num(f.threshold)} |"
+            )
+        lines.append("")
+    else:
+        lines += ["No findings.", ""]
+    if report.captures:
+        lines += ["### Captures", "",
+                  "| Capture | Status | Best label attack | iAcc | Over chance | Image PSNR (worst / best) |",
+                  "|---|---|---|---:|---:|---:|"]
+        lines += [_capture_row(c) for c in report.captures]
+        lines.append("")
+    if report.notices:
+        lines += ["### Notices", ""]
+        for n in report.notices:
+            where = f" ({md_escape(n.capture)})" if n.capture else ""
+            lines.append(f"- {md_escape(n.code)}{where}: {md_escape(n.message)}")
+        lines.append("")
+    if report.command:
+        lines += ["Reproduce: " + md_escape(shlex.join(report.command)), ""]
+    return "\n".join(lines)

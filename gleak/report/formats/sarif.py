@@ -1,0 +1,326 @@
+"""``report.sarif``: the findings as SARIF 2.1.0, for GitHub code scanning and other SARIF viewers.
+
+One run whose driver is gleak; one rule per finding type (``Finding.rule``), each carrying help on the leak and
+its mitigations and a GitHub ``security-severity``; one result per finding, plus one ``GLEAK-INPUT-ERROR``
+result per capture that could not be audited. Every result is located at its capture file (GitHub requires a
+location): the path relative to the working directory when the capture lies under it, so that it matches the
+repository's checkout, with a line-1 region, and a ``partialFingerprints`` hash of rule and path so that GitHub
+tracks an alert across runs. Tests validate the output against the official OASIS schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+from urllib.parse import quote
+
+from gleak.report.model import SEVERITIES, CaptureReport, Finding, Report, Severity, severity_rank
+
+NAME = "sarif"
+FILENAME = "report.sarif"
+
+SARIF_VERSION = "2.1.0"
+SARIF_SCHEMA = "https://raw.githubusercontent.com/oasis-tcs/sarif-spec/master/Schemata/sarif-schema-2.1.0.json"
+INPUT_ERROR = "GLEAK-INPUT-ERROR"
+FINGERPRINT_KEY = "gleakFindingHash/v1"
+
+# GitHub reads "security-severity" (a number as a string, 0.0-10.0): > 9 critical, 7-8.9 high, 4-6.9 medium,
+# 0.1-3.9 low.
+SECURITY_SEVERITY: dict[str, str] = {"critical": "9.5", "high": "8.0", "medium": "5.5", "low": "3.0", "info": "0.0"}
+LEVEL: dict[str, str] = {"critical": "error", "high": "error", "medium": "warning", "low": "note", "info": "note"}
+
+_MITIGATIONS = (
+    "- **Aggregate securely**: with secure aggregation the server only sees the sum of many clients' updates, "
+    "never one client's gradient.\n"
+    "- **Add differential privacy**: clip per-example gradients and add calibrated noise (DP-SGD, e.g. with "
+    "Opacus for PyTorch); the privacy budget bounds what any attack can learn.\n"
+    "- **Train on larger batches and more local steps**: the leak is averaged over more examples, which "
+    "slows but does not stop the attacks.\n"
+)
+_LABEL_MITIGATIONS = _MITIGATIONS + (
+    "- **Do not share the last layer's bias** (or its gradient): the label attacks read the batch's label "
+    "counts from it and from the last layer's weight gradient.\n"
+)
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """The text of one rule: what leaks, why it matters, and what to do about it."""
+
+    name: str
+    short: str
+    full: str
+    help_markdown: str
+    default_severity: Severity
+
+
+RULES: dict[str, RuleInfo] = {
+    "GLEAK-LABELS": RuleInfo(
+        name="LabelLeakage",
+        short="The shared update reveals the training batch's labels.",
+        full=("A label-recovery attack reconstructs how many examples of each class were in the client's batch "
+              "(instance-level accuracy, iAcc) clearly better than random guessing. Label counts leak the "
+              "client's class distribution and make input reconstruction easier."),
+        help_markdown=(
+            "# Label leakage (GLEAK-LABELS)\n\n"
+            "gleak ran analytic label-recovery attacks on the captured gradient or model update and compared "
+            "the recovered label counts with the ground truth. The severity grows with the instance-level "
+            "accuracy (iAcc) of the best attack: critical when every label is recovered exactly, high at "
+            "iAcc >= 0.9, medium or low when it beats the chance iAcc of the same batch by a margin.\n\n"
+            "## Mitigations\n\n" + _LABEL_MITIGATIONS),
+        default_severity="high"),
+    "GLEAK-SOFT-LABEL": RuleInfo(
+        name="SoftLabelLeakage",
+        short="The shared update reveals an example's soft label.",
+        full=("A soft-label attack recovers the full label distribution of a training example (for example a "
+              "label-smoothed or distilled target) within L1 distance 1e-3, which also exposes its class."),
+        help_markdown=(
+            "# Soft-label leakage (GLEAK-SOFT-LABEL)\n\n"
+            "gleak recovered the soft label of the single training example behind the capture to within L1 "
+            "distance 1e-3 of the truth, the success criterion of Wang, Liang & He (ICLR 2024).\n\n"
+            "## Mitigations\n\n" + _LABEL_MITIGATIONS),
+        default_severity="high"),
+    "GLEAK-IMAGES": RuleInfo(
+        name="InputReconstruction",
+        short="The shared update lets an attacker reconstruct the training inputs.",
+        full=("A gradient-inversion attack reconstructs the client's training inputs from the shared update with "
+              "a mean PSNR above the documented thresholds (or clearly above a no-attack baseline)."),
+        help_markdown=(
+            "# Input reconstruction (GLEAK-IMAGES)\n\n"
+            "gleak inverted the captured gradient or model update and matched the reconstructions to the true "
+            "inputs. The severity grows with their mean PSNR: critical at >= 30 dB, high at >= 20 dB, medium "
+            "or low when it beats the no-attack baseline (each image's flat mean colour, or the other true "
+            "images) by a margin.\n\n"
+            "## Mitigations\n\n" + _MITIGATIONS),
+        default_severity="high"),
+    "GLEAK-LABELS-AGREE": RuleInfo(
+        name="LabelAttacksAgree",
+        short="Independent label attacks agree on the batch's label counts.",
+        full=("Without ground truth gleak cannot score a leak, but independent label attacks recovering the same "
+              "label counts suggests the labels are recoverable. Informational: supply the ground truth to "
+              "measure it."),
+        help_markdown=(
+            "# Label attacks agree (GLEAK-LABELS-AGREE)\n\n"
+            "No ground truth was found next to the capture, so gleak could not measure how much leaks. Several "
+            "independent label attacks nevertheless recovered exactly the same label counts, which is a strong "
+            "hint that the labels leak. Write the truth file next to the capture (`gleak simulate` and the "
+            "capture helpers write `NAME.truth.safetensors`) to get a scored finding.\n\n"
+            "## Mitigations\n\n" + _LABEL_MITIGATIONS),
+        default_severity="info"),
+    INPUT_ERROR: RuleInfo(
+        name="InputError",
+        short="A capture could not be audited.",
+        full=("gleak could not read or audit this capture (a malformed file, a missing model, an unsupported "
+              "layout): nothing is known about what it leaks."),
+        help_markdown=(
+            "# Input error (GLEAK-INPUT-ERROR)\n\n"
+            "gleak could not audit this capture, so its leakage is unknown. The result's message gives the "
+            "reason; fix the input (or the model and auxiliary data it needs) and run the audit again.\n"),
+        default_severity="high"),
+}
+
+
+def _generic_rule(rule_id: str) -> RuleInfo:
+    return RuleInfo(
+        name="".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", rule_id) if part) or "Finding",
+        short=f"gleak finding {rule_id}.",
+        full=f"A leak measured by gleak against a documented threshold (finding type {rule_id}).",
+        help_markdown=(f"# {rule_id}\n\nA leak measured by gleak against a documented threshold; see the "
+                       "result's message and the audit report for the measurement.\n\n"
+                       "## Mitigations\n\n" + _MITIGATIONS),
+        default_severity="medium")
+
+
+def _markdown_to_text(markdown: str) -> str:
+    text = re.sub(r"^#+\s*", "", markdown, flags=re.MULTILINE)
+    return text.replace("**", "").replace("`", "")
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no NaN or infinity: those become null."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def artifact_uri(path: str, cwd: Path | None = None) -> str:
+    """The capture ``path`` as a SARIF ``artifactLocation.uri``.
+
+    Relative to ``cwd`` (default: the working directory) with posix separators when the file lies under it;
+    otherwise the path as given, with posix separators and without a Windows drive or UNC host, so that it is
+    never mistaken for a URI scheme. Percent-encoded where URI syntax requires it.
+    """
+    base = Path.cwd() if cwd is None else cwd
+    relative: str | None = None
+    windows = re.match(r"^(?:[A-Za-z]:[\\/]|\\\\)", path) is not None
+    if path and not windows:
+        for resolve in (os.path.abspath, os.path.realpath):
+            try:
+                rel = Path(resolve(base / path)).relative_to(resolve(base))
+            except (ValueError, OSError):
+                continue
+            if rel.parts:
+                relative = rel.as_posix()
+                break
+    if relative is None:
+        if windows:
+            win = PureWindowsPath(path)
+            relative = PurePosixPath("/", *win.parts[1:]).as_posix()
+        else:
+            relative = path.replace(os.sep, "/") if os.sep != "/" else path
+    # ':' is encoded too: "a:b" in a relative reference would read as the scheme "a".
+    return quote(relative, safe="/-._~!$&'()*+,;=@", errors="surrogateescape")
+
+
+def _location(uri: str) -> dict[str, Any]:
+    artifact: dict[str, Any] = {"uri": uri}
+    if not uri.startswith("/"):
+        artifact["uriBaseId"] = "%SRCROOT%"
+    return {"physicalLocation": {"artifactLocation": artifact, "region": {"startLine": 1}}}
+
+
+def _fingerprint(rule: str, uri: str) -> dict[str, str]:
+    return {FINGERPRINT_KEY: hashlib.sha256(f"{rule}\0{uri}".encode()).hexdigest()}
+
+
+def _finding_message(f: Finding) -> str:
+    parts = [f.title.rstrip(".")]
+    measures = []
+    if f.measured is not None:
+        measures.append(f"measured {f.metric or 'value'} {_fmt(f.measured)}")
+    if f.chance is not None:
+        measures.append(f"chance {_fmt(f.chance)}")
+    if f.threshold is not None:
+        measures.append(f"{f.severity} threshold {_fmt(f.threshold)}")
+    if measures:
+        parts.append(": " + ", ".join(measures))
+    parts.append(f" [{f.severity}].")
+    if f.detail:
+        parts.append(f" {f.detail}")
+    return "".join(parts)
+
+
+def _rule_severities(report: Report) -> dict[str, Severity]:
+    """Each rule's security severity: the worst of its results in this report, else the rule's default."""
+    worst: dict[str, Severity] = {}
+    for f in report.findings:
+        if f.rule not in worst or severity_rank(f.severity) > severity_rank(worst[f.rule]):
+            worst[f.rule] = f.severity
+    if report.has_errors():
+        worst[INPUT_ERROR] = "high"
+    return worst
+
+
+def _rule(rule_id: str, severity: Severity) -> dict[str, Any]:
+    info = RULES.get(rule_id) or _generic_rule(rule_id)
+    return {
+        "id": rule_id,
+        "name": info.name,
+        "shortDescription": {"text": info.short},
+        "fullDescription": {"text": info.full},
+        "defaultConfiguration": {"level": LEVEL[severity]},
+        "help": {"text": _markdown_to_text(info.help_markdown), "markdown": info.help_markdown},
+        "properties": {
+            "tags": ["security", "privacy"] if rule_id != INPUT_ERROR else ["security", "privacy", "input"],
+            "precision": "high",
+            "security-severity": SECURITY_SEVERITY[severity],
+        },
+    }
+
+
+def _finding_result(f: Finding, index: int) -> dict[str, Any]:
+    uri = artifact_uri(f.capture)
+    return {
+        "ruleId": f.rule,
+        "ruleIndex": index,
+        "level": LEVEL[f.severity],
+        "message": {"text": _finding_message(f)},
+        "locations": [_location(uri)],
+        "partialFingerprints": _fingerprint(f.rule, uri),
+        "properties": {
+            "severity": f.severity,
+            "security-severity": SECURITY_SEVERITY[f.severity],
+            "metric": f.metric,
+            "measured": _finite(f.measured),
+            "chance": _finite(f.chance),
+            "threshold": _finite(f.threshold),
+            "attack": f.attack,
+        },
+    }
+
+
+def _error_result(capture: CaptureReport, index: int) -> dict[str, Any]:
+    uri = artifact_uri(capture.capture.path)
+    return {
+        "ruleId": INPUT_ERROR,
+        "ruleIndex": index,
+        "level": "error",
+        "message": {"text": f"gleak could not audit this capture: {capture.error or 'unknown error'}"},
+        "locations": [_location(uri)],
+        "partialFingerprints": _fingerprint(INPUT_ERROR, uri),
+        "properties": {"severity": "high", "security-severity": SECURITY_SEVERITY["high"]},
+    }
+
+
+def build(report: Report) -> dict[str, Any]:
+    """The SARIF log of ``report`` as a JSON-ready dict."""
+    severities = _rule_severities(report)
+    rule_ids = list(RULES)
+    rule_ids += sorted({f.rule for f in report.findings} - set(RULES))
+    index = {rule_id: i for i, rule_id in enumerate(rule_ids)}
+    rules = [_rule(r, severities.get(r) or (RULES.get(r) or _generic_rule(r)).default_severity) for r in rule_ids]
+
+    results: list[dict[str, Any]] = []
+    for capture in report.captures:
+        if capture.status == "error":
+            results.append(_error_result(capture, index[INPUT_ERROR]))
+    ordered = sorted(report.findings, key=lambda f: -severity_rank(f.severity))
+    results += [_finding_result(f, index[f.rule]) for f in ordered]
+
+    invocation: dict[str, Any] = {"executionSuccessful": not report.has_errors()}
+    if report.command:
+        invocation["commandLine"] = shlex.join(report.command)
+    notifications = []
+    for notice in report.notices:
+        note: dict[str, Any] = {"level": "warning", "message": {"text": notice.message},
+                                "descriptor": {"id": notice.code}}
+        if notice.capture:
+            note["locations"] = [_location(artifact_uri(notice.capture))]
+        notifications.append(note)
+    if notifications:
+        invocation["toolExecutionNotifications"] = notifications
+
+    run: dict[str, Any] = {
+        "tool": {"driver": {
+            "name": "gleak",
+            "fullName": "gleak: gradient leakage audit for federated learning",
+            "version": report.gleak_version,
+            "semanticVersion": report.gleak_version,
+            "rules": rules,
+        }},
+        "invocations": [invocation],
+        "columnKind": "unicodeCodePoints",
+        "results": results,
+        "properties": {
+            "budget": report.budget,
+            "failOn": report.fail_on,
+            "failed": report.failed(),
+            "seed": report.seed,
+            "severities": list(SEVERITIES),
+        },
+    }
+    return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
+
+
+def render(report: Report, out_dir: Path | None = None) -> str:
+    """The SARIF log as indented JSON (ASCII: undecodable file names stay writable)."""
+    return json.dumps(build(report), indent=1, allow_nan=False) + "\n"

@@ -1,0 +1,181 @@
+"""`gleak audit`: findings, exit codes 0 / 1 / 2, model matching, the report and its JSON Schema."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from gleak.attacks import build_context, run_attack
+from gleak.attacks.base import Attack, Requirements
+from gleak.capture import load_capture
+from gleak.models import load_model
+from gleak.report.model import SCHEMA_PATH, Report, json_schema
+
+from .conftest import FEDSGD, LENET, MNIST_AUX, SAMPLES
+
+MODELS = SAMPLES / "models"
+NO_LEAK = ["--threshold", "labels_critical=1.01", "--threshold", "labels_high=1.01",
+           "--threshold", "labels_medium_margin=1", "--threshold", "labels_low_margin=1"]
+
+
+def validate(data: dict) -> None:
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+
+
+def test_shipped_schema_matches_the_model() -> None:
+    assert json.loads(SCHEMA_PATH.read_text()) == json.loads(json.dumps(json_schema()))
+
+
+def test_a_leaking_capture_fails_and_passes_above_what_leaked(gleak, tmp_path: Path) -> None:
+    base = ("audit", FEDSGD, "-M", MODELS, "--aux", MNIST_AUX, "--lpips", "off")
+    r = gleak(*base, "--format", "json")
+    assert r.exit_code == 1, r.stderr
+    report = json.loads(r.stdout)
+    validate(report)
+    (finding,) = [f for f in report["findings"] if f["rule"] == "GLEAK-LABELS"]
+    assert finding["severity"] == "critical" and finding["measured"] == 1.0 and finding["chance"] < 0.8
+    (cap,) = report["captures"]
+    assert cap["model"]["path"].endswith("lenet_untrained.safetensors")  # matched by the recorded sha256
+    assert cap["aux"] is not None and sum(cap["truth_counts"]) == 32
+    assert any("fcn does not apply" in s for s in cap["skipped"])  # quick: analytic reconstruction only
+    # the same capture passes when every label threshold is above what leaked; reporting is unchanged
+    r = gleak(*base, "--format", "json", *NO_LEAK)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["findings"] == []
+    r = gleak(*base, "--format", "json", "--fail-on", "none")
+    assert r.exit_code == 0 and json.loads(r.stdout)["findings"][0]["severity"] == "critical"
+    r = gleak(*base, "--fail-on", "critical")
+    assert r.exit_code == 1 and "FAIL" in r.stdout and "GLEAK-LABELS" in r.stdout
+
+
+def test_a_malformed_capture_among_good_ones_is_an_error_entry(gleak, tmp_path: Path) -> None:
+    folder = tmp_path / "caps"
+    folder.mkdir()
+    shutil.copy(FEDSGD, folder / "good.safetensors")
+    shutil.copy(FEDSGD.with_name("fedsgd_b32.truth.safetensors"), folder / "good.truth.safetensors")
+    bad = folder / "bad.safetensors"
+    data = FEDSGD.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # truncated: the header still says gleak.kind gradient
+    out = tmp_path / "out"
+    r = gleak("audit", folder, "-M", LENET, "-o", out, "--format", "json", "--lpips", "off")
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    report = json.loads((out / "report.json").read_text())
+    validate(report)
+    by = {Path(c["capture"]["path"]).name: c for c in report["captures"]}
+    assert by["bad.safetensors"]["status"] == "error" and by["bad.safetensors"]["error"]
+    assert by["good.safetensors"]["status"] == "ok" and report["findings"]  # the good one was still audited
+
+
+def test_a_capture_whose_model_is_missing_names_its_sha256(gleak, tmp_path: Path) -> None:
+    other = MODELS / "lenet_mnist80.safetensors"
+    r = gleak("audit", FEDSGD, "-M", other, "-M", MODELS / "lenet_mnist98.safetensors", "--format", "json")
+    assert r.exit_code == 2
+    (cap,) = json.loads(r.stdout)["captures"]
+    recorded = load_capture(FEDSGD).get("gleak.model.sha256")
+    assert cap["status"] == "error" and recorded[:12] in cap["error"]
+
+
+def test_without_truth_the_audit_reports_agreement_and_says_why(gleak, tmp_path: Path) -> None:
+    cap = tmp_path / "notruth.safetensors"
+    shutil.copy(FEDSGD, cap)
+    r = gleak("audit", cap, "-M", LENET, "--aux", MNIST_AUX, "--format", "json")
+    assert r.exit_code == 0, r.stderr  # info findings do not fail the default --fail-on high
+    report = json.loads(r.stdout)
+    validate(report)
+    assert [n["code"] for n in report["notices"]] == ["NO_TRUTH"]
+    (agree,) = report["findings"]
+    assert agree["rule"] == "GLEAK-LABELS-AGREE" and agree["severity"] == "info" and agree["measured"] > 0.5
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--budget", "huge"), "--budget must be one of"),
+    (("--fail-on", "severe"), "--fail-on must be one of"),
+    (("--format", "pdf"), "--format takes"),
+    (("--format", "html"), "-o DIR"),
+    (("--threshold", "labels_high"), "NAME=VALUE"),
+    (("--threshold", "labels_high=lots"), "is not a number"),
+    (("--threshold", "bogus=1"), "NAME=VALUE"),
+])
+def test_bad_options_are_one_line_and_exit_2(gleak, args: tuple[str, ...], fragment: str) -> None:
+    r = gleak("audit", FEDSGD, "-M", LENET, *args)
+    assert r.exit_code == 2 and fragment in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_attack_that_raises_is_recorded_as_error_and_the_run_goes_on() -> None:
+    class Broken(Attack):
+        name = "broken"
+        task = "labels"
+        requires = Requirements()
+
+        def run(self, ctx):  # type: ignore[no-untyped-def]
+            raise ZeroDivisionError("division by zero\nsecond line")
+
+    ctx = build_context(load_capture(FEDSGD), load_model(LENET))
+    result = run_attack(Broken(), ctx)
+    assert result.status == "error" and result.reason == "ZeroDivisionError: division by zero"
+
+
+def test_report_model_verdicts() -> None:
+    report = Report(gleak_version="x", fail_on="medium")
+    assert not report.failed() and report.worst() is None
+
+
+def test_config_precedence_flags_over_environment_over_file(gleak, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.gleak]\nseed = 3\n[tool.gleak.audit]\nbudget = "standard"\nfail-on = "medium"\nlpips = "off"\n'
+        f'model = ["{LENET.as_posix()}"]\n[tool.gleak.audit.threshold]\nlabels_high = 0.95\n')
+    monkeypatch.setenv("GLEAK_BUDGET", "full")
+    r = gleak("audit", "--show-config", "--fail-on", "low", "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert shown["budget"] == {"value": "full", "from": "environment (GLEAK_BUDGET)"}  # env beats the file
+    assert shown["fail_on"] == {"value": "low", "from": "command line"}  # the flag beats the file
+    assert shown["seed"]["value"] == 3 and "pyproject.toml [tool.gleak]" in shown["seed"]["from"]  # file > default
+    assert shown["lpips"]["value"] == "off" and shown["jobs"]["from"] == "default"
+    assert "budget" in gleak("audit", "--show-config").stdout  # the table form
+    # the file's model and thresholds are used by a real run: labels_high 0.95 < 1.0 still fails
+    monkeypatch.delenv("GLEAK_BUDGET")
+    r = gleak("audit", FEDSGD, "--format", "json", "--budget", "quick")
+    assert r.exit_code == 1, r.stderr
+    report = json.loads(r.stdout)
+    assert report["seed"] == 3 and report["fail_on"] == "medium" and report["thresholds"]["labels_high"] == 0.95
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ('[tool.gleak.audit]\nbudget = "fast"\n', "[tool.gleak.audit] key 'budget'"),
+    ('[tool.gleak.audit]\njobs = "two"\n', "key 'jobs'"),
+    ('[tool.gleak]\nbogus = 1\n', "key 'bogus'"),
+    ('[tool.gleak\n', "not valid TOML"),
+])
+def test_bad_config_names_file_key_and_type(gleak, tmp_path: Path, monkeypatch, text: str, fragment: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(text)
+    r = gleak("audit", FEDSGD, "-M", LENET)
+    assert r.exit_code == 2 and "pyproject.toml" in r.stderr and fragment in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+def test_jobs_give_the_same_report(gleak, tmp_path: Path) -> None:
+    args = ("audit", SAMPLES / "captures", "-M", MODELS, "--aux", MNIST_AUX, "--lpips", "off", "--format", "json")
+    one, two = gleak(*args), gleak(*args, "--jobs", "2")
+    assert one.exit_code == two.exit_code == 1
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    assert a["findings"] == b["findings"]
+    for ca, cb in zip(a["captures"], b["captures"], strict=True):  # same order, same recovered counts
+        assert ca["capture"] == cb["capture"]
+        assert [x["counts"] for x in ca["attacks"]] == [x["counts"] for x in cb["attacks"]]
+
+
+def test_attack_options_reach_the_audit_and_its_report(gleak) -> None:
+    r = gleak("audit", FEDSGD, "-M", LENET, "--aux", MNIST_AUX, "--format", "json", "-O", "rlu.mc_samples=50")
+    assert r.exit_code == 1, r.stderr
+    (cap,) = json.loads(r.stdout)["captures"]
+    rlu = next(a for a in cap["attacks"] if a["attack"] == "rlu")
+    assert rlu["options"]["mc_samples"] == 50 and rlu["status"] == "ok"
+    bad = gleak("audit", FEDSGD, "-M", LENET, "-O", "rlu.mc_samples=-3")
+    assert bad.exit_code == 2 and "rlu.mc_samples" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
