@@ -1,6 +1,7 @@
 """`gleak audit` timings: the quick audit of the shipped FedSGD sample, and label-only audits of many captures.
 
     python bench/audit.py                    # both parts, writes bench/results/audit.md
+    python bench/audit.py --only quick       # one part, writes bench/results/audit-quick.md (or -many)
     python bench/audit.py --runs 5 --captures 200
 
 * quick — `gleak audit samples/captures/fedsgd_b32.safetensors -M samples/models --aux … --budget quick`, end to
@@ -113,7 +114,7 @@ def main() -> None:
         lines += quick(args.runs)
     if args.only in (None, "many"):
         lines += many(args.captures)
-    out = ROOT / "bench/results/audit.md"
+    out = ROOT / f"bench/results/audit{'-' + args.only if args.only else ''}.md"
     out.write_text("\n".join(lines))
     print("\n".join(lines))
 

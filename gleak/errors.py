@@ -7,6 +7,13 @@ class GleakError(Exception):
     """Bad input: an unreadable file, a mismatch, missing metadata. The CLI prints it in one line, exit 2."""
 
     exit_code = 2
+    reported = False  # True when the command already wrote its JSON report (which says why) to stdout
+
+
+class ReportedError(GleakError):
+    """Bad input whose JSON report (with the reasons) has already been written: no second JSON document."""
+
+    reported = True
 
 
 def shorten(text: str, limit: int = 120) -> str:

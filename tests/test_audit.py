@@ -179,3 +179,11 @@ def test_attack_options_reach_the_audit_and_its_report(gleak) -> None:
     assert rlu["options"]["mc_samples"] == 50 and rlu["status"] == "ok"
     bad = gleak("audit", FEDSGD, "-M", LENET, "-O", "rlu.mc_samples=-3")
     assert bad.exit_code == 2 and "rlu.mc_samples" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_with_format_json_errors_are_json_too(gleak, tmp_path: Path) -> None:
+    for args in (("audit", tmp_path / "missing", "-M", LENET), ("labels", FEDSGD, "-M", LENET, "--batch-size", "7")):
+        r = gleak(*args, "--format", "json")
+        assert r.exit_code == 2 and r.stderr.startswith("error:")
+        error = json.loads(r.stdout)["error"]
+        assert error["exit_code"] == 2 and error["message"] in r.stderr.replace("\n", " ")

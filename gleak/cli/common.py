@@ -179,6 +179,10 @@ def handle_errors(fn: F) -> F:
             raise
         except GleakError as e:
             fail(str(e))
+            if _wants_json(kwargs.get("format")) and not e.reported:  # machines reading stdout get the error as JSON too
+                sys.stdout.write(json.dumps({"schema_version": "1", "tool": "gleak", "error": {
+                    "message": shorten(" ".join(str(e).split()), MAX_MESSAGE), "exit_code": GleakError.exit_code}})
+                    + "\n")
             raise typer.Exit(GleakError.exit_code) from None
         except KeyboardInterrupt:
             fail("interrupted")
@@ -197,6 +201,14 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(3) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _wants_json(format: Any) -> bool:
+    """Whether ``--format`` asks for JSON on stdout (``json``, or a list naming it without ``table``)."""
+    if not isinstance(format, str):
+        return False
+    names = {n.strip().lower() for n in format.split(",")}
+    return "json" in names and "table" not in names
 
 
 THREADS_ENV = "GLEAK_THREADS"

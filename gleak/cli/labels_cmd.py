@@ -254,6 +254,8 @@ def labels(
         for note in data["ignored_options"]:
             console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
     if all(r.status != "ok" for r in results):
-        raise GleakError("no label attack applies to this capture (reasons above / in the JSON)")
+        from gleak.errors import ReportedError
+
+        raise ReportedError("no label attack applies to this capture (reasons above / in the JSON)")
     if output is not None:
         write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)
