@@ -179,7 +179,8 @@ def handle_errors(fn: F) -> F:
             raise
         except GleakError as e:
             fail(str(e))
-            if _wants_json(kwargs.get("format")) and not e.reported:  # machines reading stdout get the error as JSON too
+            # machines reading stdout get the error as JSON too
+            if _wants_json(kwargs.get("format")) and not e.reported:
                 sys.stdout.write(json.dumps({"schema_version": "1", "tool": "gleak", "error": {
                     "message": shorten(" ".join(str(e).split()), MAX_MESSAGE), "exit_code": GleakError.exit_code}})
                     + "\n")
