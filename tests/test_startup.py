@@ -112,11 +112,11 @@ def test_reconstruct_attack_errors_name_reconstruction_attacks_only(gleak, tmp_p
     assert not [a for a in LABEL_ATTACKS if f"'{a}'" in named or f" {a}," in named]
 
 
-@pytest.mark.parametrize("command", ["inspect", "attacks", "simulate", "labels", "reconstruct"])
+@pytest.mark.parametrize("command", ["inspect", "attacks", "simulate", "labels", "reconstruct", "audit"])
 def test_help_placeholders(gleak, command: str) -> None:
     text = gleak(command, "--help").stdout
-    assert "<bool>" not in text and "{capture}" not in text
-    if command not in ("attacks", "simulate"):
+    assert "<bool>" not in text and "{capture}" not in text and "<list[" not in text and "<str>" not in text
+    if command not in ("attacks", "simulate", "audit"):
         assert f"gleak {command} [OPTIONS] CAPTURE" in text and "CAPTURE" in text
     if command == "reconstruct":
         assert "Global model file (required)" in " ".join(text.replace("│", " ").split())

@@ -289,9 +289,9 @@ def render_table(report: Report) -> None:
     console.print(f"[bold]gleak audit[/] ({report.budget}): {len(report.captures)} capture(s), "
                   f"{len(report.findings)} finding(s)" + (f": {summary}" if summary else ""), soft_wrap=True)
     table = Table(show_lines=False)
-    table.add_column("capture", overflow="fold", min_width=24)
-    for col in ("kind", "best label attack", "iAcc (chance)", "images", "worst"):
-        table.add_column(col, overflow="fold")
+    table.add_column("capture", overflow="fold")
+    for col in ("kind", "best labels", "iAcc/chance", "images", "worst"):
+        table.add_column(col)
     for c in report.captures:
         if c.status == "error":
             table.add_row(escape(c.capture.path), "[red]error[/]", escape(c.error or ""), "", "", "")
@@ -301,7 +301,7 @@ def render_table(report: Report) -> None:
         label = iacc = "—"
         if best is not None and c.chance is not None:
             value = (best.scores or {}).get("iacc") or 0.0
-            label, iacc = best.attack, f"{value:.3f} ({c.chance['iacc']:.3f})"
+            label, iacc = best.attack, f"{value:.2f}/{c.chance['iacc']:.2f}"
         elif c.truth_counts is None:
             label = "no truth"
         images = "—"

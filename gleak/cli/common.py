@@ -115,11 +115,34 @@ def deferred(module: str, name: str) -> Callable[..., Any]:
 def _plain_placeholders(params: list[Any]) -> list[Any]:
     """Show arguments as ``CAPTURE`` and flags (``--force``, ``--help``) without a ``<bool>`` type column."""
     for param in params:
-        if isinstance(param, TyperArgument) and param.metavar is None:
-            param.metavar = (param.name or "").upper()
+        if isinstance(param, TyperArgument):
+            if param.metavar is None:
+                param.metavar = (param.name or "").upper()
+            shown = _placeholder(getattr(getattr(param, "type_descriptor", None), "annotation", None))
+            setattr(param, "display_type_rich", functools.partial(_shown, shown))  # PATH, not <list[Path]>  # noqa: B010
         elif getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""  # a flag takes no value
+        elif param.metavar is None:  # PATH, TEXT, N, NUMBER rather than <list[Path]>, <str>, <int>
+            param.metavar = _placeholder(getattr(getattr(param, "type_descriptor", None), "annotation", None))
     return params
+
+
+def _shown(text: str | None, ctx: Any = None) -> str | None:
+    """A fixed type column for an argument's help row."""
+    return text
+
+
+def _placeholder(annotation: Any) -> str | None:
+    """The help placeholder for an option of type ``annotation`` (Optional and list unwrapped), or None."""
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (list, typing.Union) or (args and annotation not in (str, int, float)):
+        annotation = args[0] if args else annotation
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) is list and args:
+            annotation = args[0]
+    return {str: "TEXT", Path: "PATH", int: "N", float: "NUMBER"}.get(annotation)
 
 
 class GleakCommand(TyperCommand):
