@@ -354,7 +354,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         if aux is not None:
             ctx = build_context(capture, loaded, aux[1], resolve_device(config.device), config.seed,
                                 allow_model_mismatch=config.allow_model_mismatch)
-            report.aux = FileRef(path=str(aux[0]))
+            report.aux = FileRef(path=str(aux[0]), sha256=file_sha256(aux[0]))
         truth_file = truth_path_for(path)
         truth = load_truth(truth_file, capture) if truth_file.exists() else None
         if truth is not None:

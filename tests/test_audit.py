@@ -185,5 +185,6 @@ def test_with_format_json_errors_are_json_too(gleak, tmp_path: Path) -> None:
     for args in (("audit", tmp_path / "missing", "-M", LENET), ("labels", FEDSGD, "-M", LENET, "--batch-size", "7")):
         r = gleak(*args, "--format", "json")
         assert r.exit_code == 2 and r.stderr.startswith("error:")
+        validate(json.loads(r.stdout))  # the error document is in the shipped schema too
         error = json.loads(r.stdout)["error"]
         assert error["exit_code"] == 2 and error["message"] in r.stderr.replace("\n", " ")

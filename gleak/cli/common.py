@@ -204,9 +204,12 @@ def handle_errors(fn: F) -> F:
             fail(str(e))
             # machines reading stdout get the error as JSON too
             if _wants_json(kwargs.get("format")) and not e.reported:
-                sys.stdout.write(json.dumps({"schema_version": "1", "tool": "gleak", "error": {
-                    "message": shorten(" ".join(str(e).split()), MAX_MESSAGE), "exit_code": GleakError.exit_code}})
-                    + "\n")
+                from gleak import __version__
+
+                sys.stdout.write(json.dumps({
+                    "schema_version": "1", "tool": "gleak", "gleak_version": __version__, "report": "error",
+                    "error": {"message": shorten(" ".join(str(e).split()), MAX_MESSAGE),
+                              "exit_code": GleakError.exit_code}}) + "\n")
             raise typer.Exit(GleakError.exit_code) from None
         except KeyboardInterrupt:
             fail("interrupted")

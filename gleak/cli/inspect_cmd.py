@@ -56,13 +56,13 @@ def applicable_attacks(capture: Any, loaded: Any, fc_layer: str | None, allow_mo
 
 def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch_kwargs: str | None,
              trust_pickle: bool, fc_layer: str | None, allow_model_mismatch: bool = False) -> dict[str, Any]:
-    """Everything `inspect` shows, as plain data (the JSON output)."""
+    """Everything `inspect` shows, as plain data (the JSON output, an :class:`InspectReport`)."""
     capture = load_capture(capture_path)
     truth = truth_path_for(capture_path)
     info: dict[str, Any] = {
         "file": str(capture_path),
         "kind": capture.kind,
-        "schema_version": capture.get("gleak.schema_version"),
+        "capture_schema_version": capture.get("gleak.schema_version"),  # schema_version: the report's own
         "num_tensors": len(capture.tensors),
         "num_parameters": capture.num_parameters(),
         "batch_size": capture.batch_size,
@@ -91,7 +91,9 @@ def describe(capture_path: Path, model_path: Path | None, arch: str | None, arch
         "weight_shape": [layer.num_classes, layer.feature_dim], "has_bias": layer.bias_key is not None,
         "num_classes": layer.num_classes, "feature_dim": layer.feature_dim, "reason": layer.reason,
     }
-    return info
+    from gleak.report.model import InspectReport
+
+    return InspectReport.build(info).to_json()  # typed: a missing or mistyped key fails here
 
 
 def _render(info: dict[str, Any], verbose: bool) -> None:

@@ -247,6 +247,9 @@ def labels(
                                ["--augmentation: only softlabel uses it, and softlabel did not run"])
     data["ignored_options"] += [f"-O {name}.{key}: {name} did not run" for name, values in assignments.items()
                                 if name not in ran for key in values]
+    from gleak.report.model import LabelsReport
+
+    data = LabelsReport.build(data).to_json()  # typed: a missing or mistyped key fails here
     if format == "json":
         print_json(data)
     elif not quiet or results:

@@ -220,6 +220,9 @@ def reconstruct(
                             f"no better than a blank/mean-image baseline ({floor:.2f} dB, {kind}): mean PSNR "
                             f"{scores['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it"}
     data["total_seconds"] = round(time.perf_counter() - started, 3)
+    from gleak.report.model import ReconstructReport
+
+    data = ReconstructReport.build(data).to_json()  # typed: a missing or mistyped key fails here
     written = _write(output, images, truth_pixels, data, force)
     if format == "json":
         print_json(data)

@@ -1,8 +1,11 @@
-"""The audit report: one versioned, typed result model (pydantic v2) that every output format renders.
+"""The reports: versioned, typed result models (pydantic v2) behind every JSON document gleak writes.
 
-``Report`` is what ``gleak audit`` builds and what the formatters in :mod:`gleak.report.formats` read. Its JSON
-Schema ships as ``gleak/report/schema.json`` (regenerate with ``python -m gleak.report.model``); tests check
-that the shipped file matches the model and validate every JSON gleak writes against it.
+``Report`` is what ``gleak audit`` builds and what the formatters in :mod:`gleak.report.formats` read;
+``LabelsReport``, ``ReconstructReport`` and ``InspectReport`` are the JSON of ``gleak labels``,
+``gleak reconstruct`` (stdout and ``metrics.json``) and ``gleak inspect``. Every one starts with the same header
+(``schema_version``, ``tool``, ``gleak_version`` and ``report``, naming the model). One JSON Schema covering all
+four (``oneOf``) ships as ``gleak/report/schema.json`` (regenerate with ``python -m gleak.report.model``); tests
+check that the shipped file matches the models and validate every JSON gleak writes against it.
 
 Untrusted text (file names, metadata, reasons quoting them) is stored as given: escaping is each formatter's
 job (HTML, Markdown, XML), never the model's.
@@ -12,9 +15,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
 
 SCHEMA_VERSION: Literal["1"] = "1"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
@@ -122,6 +126,7 @@ class Report(_Model):
     schema_version: Literal["1"] = SCHEMA_VERSION
     tool: Literal["gleak"] = "gleak"
     gleak_version: str
+    report: Literal["audit"] = "audit"
     command: list[str] = Field(default_factory=list, description="how to reproduce the run")
     budget: Literal["quick", "standard", "full"] = "quick"
     fail_on: Severity | Literal["none"] = "high"
@@ -152,12 +157,245 @@ class Report(_Model):
         return any(c.status == "error" for c in self.captures)
 
 
+# ------------------------------------------------------------------------ labels, reconstruct, inspect
+# These mirror, key for key, the JSON the commands wrote before they had models. Keys a command writes only
+# sometimes default to None and are left out of the JSON when not given (see ``CommandReport.to_json``).
+
+
+class ModelCheck(_Model):
+    """Whether the model given is the one the capture was made with (``gleak.model.sha256``)."""
+
+    status: Literal["match", "not_recorded", "mismatch_allowed"]
+    recorded_sha256: str | None
+    model_sha256: str
+
+
+class ModelMode(_Model):
+    """The mode the attacks run the model in."""
+
+    batch_statistics: bool
+    note: str
+
+
+class LossInfo(_Model):
+    """The training loss the attacks assume."""
+
+    name: str
+    reduction: str
+    temperature: float
+    label_smoothing: float
+    focal_gamma: float
+    focal_alpha: float
+
+
+class ChanceScores(_Model):
+    """Expected iAcc and cAcc of uniform random guessing for the true batch."""
+
+    iacc: float
+    cacc: float
+
+
+class LabelResult(_Model):
+    """One label attack's result."""
+
+    attack: str
+    status: Status
+    seconds: float
+    reason: str | None = None
+    options: dict[str, Any] | None = Field(None, description="the options the attack ran with")
+    counts: list[int] | None = Field(None, description="recovered examples per class")
+    soft_label: list[float] | None = None
+    diagnostics: dict[str, Any] | None = None
+    warnings: list[str]
+    scores: dict[str, float] | None = Field(None, description="against the ground truth, when known")
+
+
+class CommandReport(_Model):
+    """The header every command's JSON report starts with."""
+
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    tool: Literal["gleak"] = "gleak"
+    gleak_version: str
+
+    @classmethod
+    def build(cls, data: dict[str, Any]) -> Self:
+        """The report of ``data`` (the command's keys), with the header filled in; raises on a missing,
+        unknown or mistyped key."""
+        from gleak import __version__
+
+        header = {"schema_version": SCHEMA_VERSION, "tool": "gleak", "gleak_version": __version__,
+                  "report": cls.model_fields["report"].default}
+        return cls.model_validate({**header, **data})
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data: every key given when built (optional keys not given stay out)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class LabelsReport(CommandReport):
+    """``gleak labels``: the capture, the loss, the truth and chance baseline, each attack's result."""
+
+    report: Literal["labels"] = "labels"
+    capture: str
+    kind: str
+    batch_size: int | None
+    local_steps: int
+    num_classes: int
+    last_layer: str
+    gradient_note: str | None
+    loss: LossInfo
+    truth_file: str | None
+    model_check: ModelCheck | None
+    model_mode: ModelMode | None
+    truth_counts: list[int] | None
+    chance: ChanceScores | None
+    results: list[LabelResult]
+    threads: int
+    truth_soft_label: list[float] | None
+    ignored_options: list[str] = Field(description="options the user set that no attack that ran used")
+
+
+class ReconstructLabels(_Model):
+    """The labels a reconstruction used."""
+
+    source: str
+    targets: list[dict[str, float]] = Field(description="per example: its top classes and their mass")
+    classes: list[int] = Field(description="top class per reconstruction, in order")
+    attack_seconds: float | None = None
+
+
+class MeanImageScores(_Model):
+    psnr: float | None
+    ssim: float | None
+    lpips: float | None = None
+
+
+class ImageMetrics(_Model):
+    """Matched per-image and mean PSNR / SSIM / LPIPS (null: not finite)."""
+
+    matching: list[int]
+    psnr: list[float | None]
+    ssim: list[float | None]
+    mean: MeanImageScores
+    lpips: list[float | None] | None
+    lpips_info: dict[str, Any]
+
+
+class Baseline(_Model):
+    """The no-attack PSNR baseline a reconstruction must beat."""
+
+    psnr: float
+    kind: str
+    margin_db: float
+    beaten: bool
+    statement: str | None
+
+
+class ReconstructReport(CommandReport):
+    """``gleak reconstruct`` (stdout and ``metrics.json``)."""
+
+    report: Literal["reconstruct"] = "reconstruct"
+    capture: str
+    model: str
+    attack: str
+    paper: str
+    options: dict[str, Any]
+    batch_size: int | None
+    labels: ReconstructLabels
+    feature_source: str | None
+    seed: int
+    device: str
+    seconds: float
+    total_seconds: float
+    diagnostics: dict[str, Any]
+    warnings: list[str]
+    metrics: ImageMetrics | None
+    model_check: ModelCheck | None
+    model_mode: ModelMode | None
+    ignored_options: list[str]
+    threads: int
+    baseline: Baseline | None
+    iterations_per_second: float | None = None
+    evaluations_per_second: float | None = None
+
+
+class TensorInfo(_Model):
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+class InspectModel(_Model):
+    """The model given to ``inspect``."""
+
+    file: str
+    source: str
+    arch: str | None
+    weights_sha256: str
+    model_check: ModelCheck
+    matches_capture: bool | None
+    mode: ModelMode | None
+
+
+class LastLayerInfo(_Model):
+    name: str
+    weight_key: str
+    bias_key: str | None
+    weight_shape: list[int]
+    has_bias: bool
+    num_classes: int
+    feature_dim: int
+    reason: str
+
+
+class InspectReport(CommandReport):
+    """``gleak inspect``: what a capture holds, and which last layer the attacks will use."""
+
+    report: Literal["inspect"] = "inspect"
+    file: str
+    kind: str
+    capture_schema_version: int | None = Field(description="the capture format's version (gleak.schema_version)")
+    num_tensors: int
+    num_parameters: int
+    batch_size: int | None
+    local_steps: int
+    truth_file: str | None
+    metadata: dict[str, Any]
+    unknown_metadata: dict[str, Any]
+    tensors: list[TensorInfo]
+    model: InspectModel | None
+    attacks: dict[str, str | None] | None = Field(None, description="with a model: each attack -> null when it "
+                                                  "applies, else why not")
+    last_layer: LastLayerInfo
+
+
+class ErrorDetail(_Model):
+    message: str = Field(description="the one-line error, as on stderr")
+    exit_code: int = Field(description="the command's exit status (2: bad input or configuration)")
+
+
+class ErrorReport(CommandReport):
+    """What a command writes to stdout instead of its report when it fails under ``--format json``."""
+
+    report: Literal["error"] = "error"
+    error: ErrorDetail
+
+
+REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, ReconstructReport, InspectReport, ErrorReport)
+
+
 def json_schema() -> dict[str, Any]:
-    """The report's JSON Schema (draft 2020-12), as shipped in ``schema.json``."""
-    schema = Report.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["$id"] = f"https://gleak.invalid/report/v{SCHEMA_VERSION}/schema.json"
-    return schema
+    """The JSON Schema (draft 2020-12) of every report (one of the four), as shipped in ``schema.json``."""
+    _, defs = models_json_schema([(m, "validation") for m in REPORTS], ref_template="#/$defs/{model}")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://gleak.invalid/report/v{SCHEMA_VERSION}/schema.json",
+        "title": "gleak report",
+        "description": "A JSON document gleak writes: the audit, labels, reconstruct or inspect report, or "
+                       "the error of a command run with --format json (the key 'report' names which).",
+        "oneOf": [{"$ref": f"#/$defs/{m.__name__}"} for m in REPORTS],
+        "$defs": defs["$defs"],
+    }
 
 
 if __name__ == "__main__":
