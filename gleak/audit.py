@@ -31,12 +31,13 @@ from typing import Any, Literal
 import torch
 
 from gleak import __version__
-from gleak.attacks import REGISTRY, Context, build_context, get_attack, run_attack
+from gleak.attacks import Context, build_context, get_attack, run_attack
 from gleak.attacks.base import AttackResult
+from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
 from gleak.data import Dataset, load_dataset
 from gleak.errors import GleakError, shorten
-from gleak.metrics.labels import chance_scores, label_scores, soft_label_scores, truth_counts
+from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel, load_model
 from gleak.pipeline import resolve_device
 from gleak.report.model import (
@@ -383,18 +384,14 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         notices.append(Notice(code="NO_TRUTH", capture=str(path), message=(
             "no ground truth next to the capture: recovered labels are reported, but leakage cannot be scored "
             "(gleak simulate and the capture helpers write NAME.truth.safetensors)")))
-    for name in sorted(n for n, cls in REGISTRY.items() if cls.task == "labels"):
-        label_attack = get_attack(name)
-        label_attack.configure(config.options.get(name, {}))
-        result = run_attack(label_attack, ctx)
-        scores: dict[str, float | None] | None = None
-        if result.status == "ok" and counts is not None:
-            scores = dict(label_scores(result.labels.counts, counts))
-            if soft_truth is not None and result.labels.soft_label is not None:
-                scores.update(soft_label_scores(result.labels.soft_label, soft_truth))
-        report.attacks.append(_entry(result, "labels", scores))
+    # the same planning, running and scoring as `gleak labels` (gleak.attacks.plan)
+    label_attacks = sorted(select_attacks("labels", None), key=lambda a: a.name)
+    for label_attack in label_attacks:
+        label_attack.configure(config.options.get(label_attack.name, {}))
+    for result in run_label_attacks(ctx, label_attacks, counts, None, soft_truth):
+        report.attacks.append(_entry(result, "labels", dict(result.scores) if result.scores is not None else None))
         if result.status == "not_applicable":
-            report.skipped.append(f"{name}: {result.reason}")
+            report.skipped.append(f"{result.attack}: {result.reason}")
     findings = _label_findings(report, config.thresholds)
     entry, baseline, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(path))
     if skipped:
