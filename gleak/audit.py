@@ -39,7 +39,7 @@ from gleak.data import Dataset, load_dataset
 from gleak.errors import GleakError, shorten
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel, load_model
-from gleak.pipeline import resolve_device
+from gleak.pipeline import resolve_device, score_reconstruction
 from gleak.report.model import (
     AttackEntry,
     CaptureReport,
@@ -308,19 +308,15 @@ def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir
     baseline = None
     artifacts: list[str] = []
     if truth is not None:
-        from gleak.metrics.images import image_scores
-        from gleak.metrics.perceptual import load_lpips
-        from gleak.report.images import baseline_psnr
-
-        truth_pixels = to_pixels(ctx, truth.inputs)
-        if truth_pixels.shape == images.shape:
-            scorer = load_lpips(lpips) if lpips != "off" else None
-            measured = image_scores(images, truth_pixels, scorer)
-            mean = measured["mean"]
+        try:
+            scored = score_reconstruction(ctx, images, truth, lpips)
+        except GleakError:
+            scored = None  # truth of another shape: the images are reported unscored
+        if scored is not None:
+            mean = scored.metrics["mean"]
             scores = {"psnr": _finite(mean.get("psnr")), "ssim": _finite(mean.get("ssim")),
                       "lpips": _finite(mean.get("lpips"))}
-            baseline = baseline_psnr(truth_pixels)[0]
-            images = images[measured["matching"]]
+            baseline, images = scored.baseline_psnr, scored.images
     if out_dir is not None:
         from gleak.io import write_bytes_atomic
         from gleak.report.images import grid, png_bytes
@@ -396,6 +392,8 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
     entry, baseline, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(path))
     if skipped:
         report.skipped.append(skipped)
+        notices.append(Notice(code="RECONSTRUCTION_SKIPPED", capture=str(path), message=skipped))
+    notices += _notices(ctx, report, str(path), bool(auxes))
     if entry is not None:
         report.attacks.append(entry)
         if baseline is not None:
@@ -404,6 +402,37 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
                 findings.append(image)
     report.seconds = round(time.perf_counter() - started, 3)
     return report, findings, notices
+
+
+NOTICE_CODES = {
+    "NO_TRUTH": "no ground truth beside the capture: recovered values are reported, not scored",
+    "NO_AUX": "no auxiliary data fits the capture's model: attacks that need it did not run",
+    "NO_MODEL_HASH": "the capture records no gleak.model.sha256: the model could not be verified",
+    "MODEL_MISMATCH_ALLOWED": "the model's weights differ from the capture's (--allow-model-mismatch)",
+    "ATTACK_FAILED": "an attack could not finish on this input (its reason says why)",
+    "ATTACK_ERROR": "an attack raised an unexpected error (recorded; the audit went on)",
+    "RECONSTRUCTION_SKIPPED": "the budget's reconstruction did not run (the message says why)",
+}
+
+
+def _notices(ctx: Context, report: CaptureReport, capture: str, aux_given: bool) -> list[Notice]:
+    """Warnings with stable codes (:data:`NOTICE_CODES`) about one audited capture."""
+    out: list[Notice] = []
+    if report.aux is None:
+        out.append(Notice(code="NO_AUX", capture=capture, message=(
+            "none of the --aux data fits this capture's model (input shape and classes)" if aux_given else
+            "no --aux data given: attacks that need it (e.g. posterior, rlu, llg-plus, zlg-plus) did not run")))
+    check = ctx.model_check
+    if check is not None and check.status == "not_recorded":
+        out.append(Notice(code="NO_MODEL_HASH", capture=capture, message=NOTICE_CODES["NO_MODEL_HASH"]))
+    if check is not None and check.status == "mismatch_allowed":
+        out.append(Notice(code="MODEL_MISMATCH_ALLOWED", capture=capture,
+                          message=NOTICE_CODES["MODEL_MISMATCH_ALLOWED"]))
+    for a in report.attacks:
+        if a.status in ("failed", "error"):
+            out.append(Notice(code=f"ATTACK_{a.status.upper()}", capture=capture,
+                              message=f"{a.attack}: {a.reason or a.status}"))
+    return out
 
 
 def _stem(path: Path) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from gleak.attacks import Context, build_context
+from gleak.attacks.base import AttackResult
 from gleak.capture import Truth, load_capture, load_truth, truth_path_for
 from gleak.data import load_dataset
 from gleak.errors import GleakError
@@ -60,3 +61,59 @@ def open_inputs(capture: Path, model: Path | None, arch: str | None, arch_kwargs
     if loaded_truth is not None:
         loaded_truth.check(ctx.num_classes, ctx.total_examples, f"ground truth {truth_file}")
     return Inputs(ctx, loaded_truth, truth_file)
+
+
+@dataclass
+class ScoredImages:
+    """Reconstructions scored against the truth: the images reordered to pair with the true ones, the matched
+    per-image and mean PSNR / SSIM / LPIPS, and the no-attack baseline."""
+
+    images: torch.Tensor
+    truth: torch.Tensor
+    metrics: dict[str, Any]
+    baseline_psnr: float
+    baseline_kind: str
+    baseline_beaten: bool
+
+
+def score_reconstruction(ctx: Context, images: torch.Tensor, truth: Truth, lpips: str = "alex") -> ScoredImages:
+    """Match ``images`` (pixels in [0, 1]) one-to-one to the true inputs and score them (``gleak reconstruct`` and
+    ``gleak audit`` both call this). The baseline is the better of two guesses that need no attack
+    (:func:`gleak.report.images.baseline_psnr`); beating it needs :data:`~gleak.report.images.BASELINE_MARGIN` dB."""
+    from gleak.attacks.reconstruct.base import to_pixels
+    from gleak.metrics.images import image_scores
+    from gleak.metrics.perceptual import load_lpips
+    from gleak.report.images import BASELINE_MARGIN, baseline_psnr
+
+    truth_pixels = to_pixels(ctx, truth.inputs)
+    if truth_pixels.shape != images.shape:
+        raise GleakError(f"ground-truth inputs {list(truth_pixels.shape)} do not match the reconstruction "
+                         f"{list(images.shape)}")
+    scorer = load_lpips(lpips) if lpips != "off" else None
+    metrics = image_scores(images, truth_pixels, scorer)
+    floor, kind = baseline_psnr(truth_pixels)
+    return ScoredImages(images[metrics["matching"]], truth_pixels, metrics, floor, kind,
+                        bool(metrics["mean"]["psnr"] >= floor + BASELINE_MARGIN))
+
+
+def labels_report(inputs: Inputs, results: list[AttackResult], counts: torch.Tensor | None) -> dict[str, Any]:
+    """``gleak labels``' report data (typed by :class:`gleak.report.model.LabelsReport`): the capture, the loss,
+    the truth and chance baseline, each attack's result, the threads."""
+    from gleak.metrics.labels import chance_scores
+
+    ctx = inputs.ctx
+    return {
+        "capture": str(ctx.capture.path), "kind": ctx.kind, "batch_size": ctx.batch_size,
+        "local_steps": ctx.local_steps, "num_classes": ctx.num_classes,
+        "last_layer": ctx.layer.name, "gradient_note": ctx.gradient_note,
+        "loss": {"name": ctx.loss.name, "reduction": ctx.loss.reduction, "temperature": ctx.loss.temperature,
+                 "label_smoothing": ctx.loss.label_smoothing, "focal_gamma": ctx.loss.focal_gamma,
+                 "focal_alpha": ctx.loss.focal_alpha},
+        "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
+        "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
+        "model_mode": ctx.model_mode(),
+        "truth_counts": counts.tolist() if counts is not None else None,
+        "chance": chance_scores(counts) if counts is not None else None,
+        "results": [r.to_json() for r in results],
+        "threads": torch.get_num_threads(),
+    }

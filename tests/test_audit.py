@@ -86,7 +86,7 @@ def test_without_truth_the_audit_reports_agreement_and_says_why(gleak, tmp_path:
     assert r.exit_code == 0, r.stderr  # info findings do not fail the default --fail-on high
     report = json.loads(r.stdout)
     validate(report)
-    assert [n["code"] for n in report["notices"]] == ["NO_TRUTH"]
+    assert [n["code"] for n in report["notices"]] == ["NO_TRUTH", "RECONSTRUCTION_SKIPPED"]
     (agree,) = report["findings"]
     assert agree["rule"] == "GLEAK-LABELS-AGREE" and agree["severity"] == "info" and agree["measured"] > 0.5
 
@@ -188,3 +188,13 @@ def test_with_format_json_errors_are_json_too(gleak, tmp_path: Path) -> None:
         validate(json.loads(r.stdout))  # the error document is in the shipped schema too
         error = json.loads(r.stdout)["error"]
         assert error["exit_code"] == 2 and error["message"] in r.stderr.replace("\n", " ")
+
+
+def test_notices_have_stable_codes(gleak) -> None:
+    r = gleak("audit", FEDSGD, "-M", LENET, "--format", "json")  # no --aux; quick budget on a CNN
+    report = json.loads(r.stdout)
+    codes = {n["code"] for n in report["notices"]}
+    assert {"NO_AUX", "RECONSTRUCTION_SKIPPED"} <= codes, codes
+    from gleak.audit import NOTICE_CODES
+
+    assert codes <= set(NOTICE_CODES)

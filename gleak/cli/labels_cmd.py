@@ -29,7 +29,6 @@ from gleak.cli.common import (
     handle_errors,
     number,
     print_json,
-    threads_in_use,
 )
 from gleak.errors import GleakError
 
@@ -40,16 +39,16 @@ if TYPE_CHECKING:
     from gleak.attacks.base import AttackResult
     from gleak.attacks.plan import run_label_attacks, select_attacks
     from gleak.io import check_writable, write_text_atomic
-    from gleak.metrics.labels import chance_scores, truth_counts
-    from gleak.pipeline import open_inputs
+    from gleak.metrics.labels import truth_counts
+    from gleak.pipeline import labels_report, open_inputs
 else:  # torch and the attacks load when the command runs, not when the CLI starts
     get_attack = deferred("gleak.attacks", "get_attack")  # the package: importing it registers every attack
     run_label_attacks = deferred("gleak.attacks.plan", "run_label_attacks")
     select_attacks = deferred("gleak.attacks.plan", "select_attacks")
     open_inputs = deferred("gleak.pipeline", "open_inputs")
+    labels_report = deferred("gleak.pipeline", "labels_report")
     check_writable = deferred("gleak.io", "check_writable")
     write_text_atomic = deferred("gleak.io", "write_text_atomic")
-    chance_scores = deferred("gleak.metrics.labels", "chance_scores")
     truth_counts = deferred("gleak.metrics.labels", "truth_counts")
 
 SHOWN = 12
@@ -64,26 +63,6 @@ def compact(counts: torch.Tensor | list[int], limit: int = SHOWN) -> str:
         top = sorted(pairs, key=lambda p: -p[1])[:limit]
         return " ".join(f"{c}×{n}" for c, n in sorted(top)) + f" … (+{len(pairs) - limit} classes)"
     return " ".join(f"{c}×{n}" for c, n in pairs) or "—"
-
-
-def report(inputs: Any, results: list[AttackResult], counts: torch.Tensor | None) -> dict[str, Any]:
-    """The JSON report: the capture, the loss, the truth and chance baseline, each attack's result, the threads."""
-    ctx = inputs.ctx
-    return {
-        "capture": str(ctx.capture.path), "kind": ctx.kind, "batch_size": ctx.batch_size,
-        "local_steps": ctx.local_steps, "num_classes": ctx.num_classes,
-        "last_layer": ctx.layer.name, "gradient_note": ctx.gradient_note,
-        "loss": {"name": ctx.loss.name, "reduction": ctx.loss.reduction, "temperature": ctx.loss.temperature,
-                 "label_smoothing": ctx.loss.label_smoothing, "focal_gamma": ctx.loss.focal_gamma,
-                 "focal_alpha": ctx.loss.focal_alpha},
-        "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
-        "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
-        "model_mode": ctx.model_mode(),
-        "truth_counts": counts.tolist() if counts is not None else None,
-        "chance": chance_scores(counts) if counts is not None else None,
-        "results": [r.to_json() for r in results],
-        "threads": threads_in_use(),
-    }
 
 
 def render(data: dict[str, Any], results: list[AttackResult]) -> None:
@@ -240,7 +219,7 @@ def labels(
     for a in chosen:
         a.configure({**(flags if a.name == "softlabel" else {}), **assignments.get(a.name, {})}, sources)
     results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft)
-    data = report(inputs, results, counts)
+    data = labels_report(inputs, results, counts)
     data["truth_soft_label"] = truth_soft.tolist() if truth_soft is not None else None
     ran = {r.attack for r in results if r.status == "ok"}
     data["ignored_options"] = ([] if augmentation is None or "softlabel" in ran else

@@ -38,26 +38,21 @@ from gleak.errors import GleakError, shorten
 if TYPE_CHECKING:
     from gleak.attacks.base import get_attack, jsonable, run_attack
     from gleak.attacks.context import Context
-    from gleak.attacks.reconstruct.base import ReconstructionAttack, to_pixels
+    from gleak.attacks.reconstruct.base import ReconstructionAttack
     from gleak.attacks.reconstruct.inputs import describe_targets, prepare
     from gleak.io import OutputSet, check_output_location, safetensors_bytes
-    from gleak.metrics.images import image_scores
-    from gleak.metrics.perceptual import load_lpips
     from gleak.pipeline import open_inputs
     from gleak.report.images import grid, png_bytes
 else:  # torch, the attacks, metrics and image writers load when the command runs, not when the CLI starts
     get_attack = deferred("gleak.attacks", "get_attack")  # the package: importing it registers every attack
     run_attack = deferred("gleak.attacks", "run_attack")
     jsonable = deferred("gleak.attacks.base", "jsonable")
-    to_pixels = deferred("gleak.attacks.reconstruct.base", "to_pixels")
     describe_targets = deferred("gleak.attacks.reconstruct.inputs", "describe_targets")
     prepare = deferred("gleak.attacks.reconstruct.inputs", "prepare")
     open_inputs = deferred("gleak.pipeline", "open_inputs")
     OutputSet = deferred("gleak.io", "OutputSet")
     check_output_location = deferred("gleak.io", "check_output_location")
     safetensors_bytes = deferred("gleak.io", "safetensors_bytes")
-    image_scores = deferred("gleak.metrics.images", "image_scores")
-    load_lpips = deferred("gleak.metrics.perceptual", "load_lpips")
     grid = deferred("gleak.report.images", "grid")
     png_bytes = deferred("gleak.report.images", "png_bytes")
 
@@ -202,23 +197,19 @@ def reconstruct(
         done = result.output.diagnostics.get(work)
         if done and result.seconds > 0:
             data[key] = round(done / result.seconds, 2)
-    truth_pixels = to_pixels(ctx, inputs.truth.inputs) if inputs.truth is not None else None
-    if truth_pixels is not None:
-        if truth_pixels.shape != images.shape:
-            raise GleakError(f"ground-truth inputs {list(truth_pixels.shape)} do not match the reconstruction "
-                             f"{list(images.shape)}")
-        scorer = load_lpips(lpips) if lpips != "off" else None
-        scores = image_scores(images, truth_pixels, scorer)
-        images = images[scores["matching"]]  # recon_k now pairs with truth image k
-        data["metrics"] = jsonable(scores)
-        from gleak.report.images import BASELINE_MARGIN, baseline_psnr
+    truth_pixels = None
+    if inputs.truth is not None:
+        from gleak.pipeline import score_reconstruction
+        from gleak.report.images import BASELINE_MARGIN
 
-        floor, kind = baseline_psnr(truth_pixels)
-        beats = scores["mean"]["psnr"] >= floor + BASELINE_MARGIN
+        scored = score_reconstruction(ctx, images, inputs.truth, lpips)
+        images, truth_pixels = scored.images, scored.truth  # recon_k now pairs with truth image k
+        data["metrics"] = jsonable(scored.metrics)
+        floor, kind, beats = scored.baseline_psnr, scored.baseline_kind, scored.baseline_beaten
         data["baseline"] = {"psnr": round(floor, 2), "kind": kind, "margin_db": BASELINE_MARGIN, "beaten": beats,
                             "statement": None if beats else
                             f"no better than a blank/mean-image baseline ({floor:.2f} dB, {kind}): mean PSNR "
-                            f"{scores['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it"}
+                            f"{scored.metrics['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it"}
     data["total_seconds"] = round(time.perf_counter() - started, 3)
     from gleak.report.model import ReconstructReport
 
