@@ -24,6 +24,10 @@ demo: setup
 	$(BIN)/gleak simulate --model samples/models/lenet_untrained.safetensors --data samples/data/mnist_client.safetensors \
 		--batch-size 16 --local-steps 5 --seed 7 -o $(OUT)/fedavg_b16_m5.safetensors --force
 	$(BIN)/gleak inspect $(OUT)/fedavg_b16_m5.safetensors --model samples/models/lenet_untrained.safetensors
+	# the CI gate on every shipped capture (they leak: --fail-on none keeps the demo green; CI would use high)
+	$(BIN)/gleak audit samples/captures --model samples/models --aux samples/data/mnist_aux.safetensors \
+		--aux samples/data/cifar10.safetensors -o $(OUT)/audit --format table,html,json,sarif,md,junit \
+		--fail-on none --force
 
 test: setup
 	$(BIN)/pytest

@@ -48,6 +48,11 @@ def test_a_leaking_capture_fails_and_passes_above_what_leaked(gleak, tmp_path: P
     assert json.loads(r.stdout)["findings"] == []
     r = gleak(*base, "--format", "json", "--fail-on", "none")
     assert r.exit_code == 0 and json.loads(r.stdout)["findings"][0]["severity"] == "critical"
+    every = tmp_path / "all"
+    r = gleak(*base, "--fail-on", "none", "-o", every, "--format", "table,json,html,sarif,md,junit")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.name for p in every.iterdir()) == ["junit.xml", "report.html", "report.json", "report.md",
+                                                      "report.sarif"]
     r = gleak(*base, "--fail-on", "critical")
     assert r.exit_code == 1 and "FAIL" in r.stdout and "GLEAK-LABELS" in r.stdout
 

@@ -30,6 +30,8 @@ Status = Literal["ok", "not_applicable", "failed", "error"]
 
 def severity_rank(severity: str) -> int:
     """Position of ``severity`` in :data:`SEVERITIES` (info = 0 … critical = 4)."""
+    if severity == "none":  # --fail-on none: above every severity, so nothing reaches it
+        return len(SEVERITIES)
     return [str(s) for s in SEVERITIES].index(severity)
 
 
