@@ -19,6 +19,7 @@ Findings and their thresholds (defaults in :class:`~gleak.report.model.Threshold
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import struct
@@ -37,6 +38,7 @@ from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
 from gleak.data import Dataset, load_dataset
 from gleak.errors import GleakError, shorten
+from gleak.io import file_sha256
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel, load_model
 from gleak.pipeline import resolve_device, score_reconstruction
@@ -132,14 +134,6 @@ def find_models(paths: Sequence[Path]) -> list[Path]:
     return found
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @dataclass
 class ModelSet:
     """The models given, loaded once, indexed by the tensor hash captures record (gleak.model.sha256)."""
@@ -169,19 +163,21 @@ class ModelSet:
 def _aux_fits(data: Dataset, ctx_shape: tuple[int, ...] | None, num_classes: int) -> bool:
     if ctx_shape is not None and tuple(data.input_shape) != tuple(ctx_shape):
         return False
-    return bool(len(data.labels) == 0 or int(data.labels.max()) < num_classes)
+    try:
+        data.check_classes(num_classes)  # the same check build_context makes
+    except GleakError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------------------------- running
 def _entry(result: AttackResult, task: str, scores: dict[str, float | None] | None = None,
            options: dict[str, Any] | None = None) -> AttackEntry:
-    out = result.output
     counts = soft = None
     if result.status == "ok" and task == "labels":
         counts = [int(c) for c in result.labels.counts.tolist()]
         if result.labels.soft_label is not None:
             soft = [float(v) for v in result.labels.soft_label.tolist()]
-    del out
     return AttackEntry(attack=result.attack, task=task, status=result.status,
                        seconds=round(result.seconds, 4), reason=result.reason, counts=counts, soft_label=soft,
                        scores=scores, options=options or result.options or {}, warnings=list(result.warnings))
@@ -348,9 +344,8 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
                             allow_model_mismatch=config.allow_model_mismatch)
         aux = next(((p, d) for p, d in auxes if _aux_fits(d, ctx.input_shape, ctx.num_classes)), None)
-        if aux is not None:
-            ctx = build_context(capture, loaded, aux[1], resolve_device(config.device), config.seed,
-                                allow_model_mismatch=config.allow_model_mismatch)
+        if aux is not None:  # _aux_fits made build_context's aux checks (shape, classes): attach it
+            ctx = dataclasses.replace(ctx, aux=aux[1], _cache={})
             report.aux = FileRef(path=str(aux[0]), sha256=file_sha256(aux[0]))
         truth_file = truth_path_for(path)
         truth = load_truth(truth_file, capture) if truth_file.exists() else None

@@ -184,16 +184,16 @@ def register(cls: type[Attack]) -> type[Attack]:
     return cls
 
 
-def get_attack(name: str, task: str | None = None) -> Attack:
-    """A fresh instance of the attack called ``name``; with ``task``, only attacks of that task count.
+def attack_class(name: str, task: str | None = None, where: str = "") -> type[Attack]:
+    """The registered attack class ``name``; with ``task``, only attacks of that task count.
 
     An unknown name (or one of another task) is a GleakError listing the candidates, with a "did you mean"
-    drawn only from them."""
+    drawn only from them; ``where`` prefixes the message (e.g. ``"-O: "``)."""
     import difflib
 
     candidates = sorted(n for n, cls in REGISTRY.items() if task is None or cls.task == task)
     if name in candidates:
-        return REGISTRY[name]()
+        return REGISTRY[name]
     listed = "Known attacks" if task is None else f"{_task_noun(task).capitalize()} attacks"
     other = REGISTRY.get(name)
     if other is not None and task is not None:
@@ -202,7 +202,12 @@ def get_attack(name: str, task: str | None = None) -> Attack:
         close = difflib.get_close_matches(name.lower(), candidates, n=3, cutoff=0.6)
         what = f"unknown attack {shorten(repr(name), 60)}" + (
             f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ".")
-    raise GleakError(f"{what} {listed}: {', '.join(candidates)}")
+    raise GleakError(f"{where}{what} {listed}: {', '.join(candidates)}")
+
+
+def get_attack(name: str, task: str | None = None) -> Attack:
+    """A fresh instance of the attack called ``name`` (see :func:`attack_class`)."""
+    return attack_class(name, task)()
 
 
 def _task_noun(task: str) -> str:

@@ -47,22 +47,10 @@ def parse_option_assignments(items: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 def lookup_attack(name: str, task: str | None = None) -> type[Attack]:
-    """The registered attack class ``name`` (of ``task`` when given), or a GleakError with a "did you mean"."""
-    from gleak.attacks import REGISTRY
+    """The attack class named by ``-O`` (:func:`gleak.attacks.base.attack_class`, messages prefixed ``-O:``)."""
+    from gleak.attacks.base import attack_class
 
-    candidates = sorted(n for n, cls in REGISTRY.items() if task is None or cls.task == task)
-    if name in candidates:
-        return REGISTRY[name]
-    noun = {"labels": "label", "reconstruct": "reconstruction"}
-    other = REGISTRY.get(name)
-    if other is not None and task is not None:
-        what = f"-O: '{name}' is a {noun.get(other.task, other.task)} attack, not a {noun.get(task, task)} attack."
-    else:
-        close = difflib.get_close_matches(name.lower(), candidates, n=3, cutoff=0.6)
-        what = f"-O: unknown attack {shorten(repr(name), 60)}" + (
-            f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ".")
-    listed = "Attacks" if task is None else f"{noun.get(task, task).capitalize()} attacks"
-    raise GleakError(f"{what} {listed}: {', '.join(candidates)}")
+    return attack_class(name, task, where="-O: ")
 
 
 def resolve_options(attack_cls: type[Attack], given: Mapping[str, Any],

@@ -199,8 +199,6 @@ def labels(
         if key in assignments.get("softlabel", {}):
             raise GleakError(f"{sources[key]} and -O softlabel.{key} set the same option; give one")
     resolve_options(lookup_attack("softlabel"), flags, sources)
-    for name in attack or []:  # suggestions and the list name label attacks only
-        get_attack(name, task="labels")
     resolve_assignments(assignments, task="labels")  # every -O checked before any work
     chosen = select_attacks("labels", attack)
     if output is not None:
