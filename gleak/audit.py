@@ -95,7 +95,7 @@ def _safetensors_kind(path: Path) -> str | None:
             if size > HEADER_LIMIT:
                 return None
             header = json.loads(f.read(size))
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     kind = meta.get("gleak.kind") if isinstance(meta, dict) else None

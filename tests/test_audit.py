@@ -203,3 +203,15 @@ def test_notices_have_stable_codes(gleak) -> None:
     from gleak.audit import NOTICE_CODES
 
     assert codes <= set(NOTICE_CODES)
+
+
+def test_a_hostile_header_in_a_folder_is_not_a_crash(gleak, tmp_path: Path) -> None:
+    """Discovery peeks at every .safetensors header: deeply nested JSON must not end the audit (exit 3)."""
+    folder = tmp_path / "caps"
+    folder.mkdir()
+    header = b"[" * 100_000 + b"]" * 100_000
+    (folder / "deep.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    shutil.copy(FEDSGD, folder / "good.safetensors")
+    r = gleak("audit", folder, "-M", LENET, "--format", "json")
+    assert r.exit_code == 0, r.stderr  # the hostile file is not a capture; the good one (no truth) is audited
+    assert [Path(c["capture"]["path"]).name for c in json.loads(r.stdout)["captures"]] == ["good.safetensors"]
