@@ -21,6 +21,9 @@ demo: setup
 		--aux samples/data/mnist_aux.safetensors
 	$(BIN)/gleak reconstruct samples/captures/cifar10_b8.safetensors --model samples/models/idlg_cnn_cifar10.safetensors \
 		--iterations 3000 -o $(OUT)/reconstruct_cifar10_b8 --force
+	# RGLA on a batch with a repeated label, through the shipped generator (train your own: gleak train-generator)
+	$(BIN)/gleak reconstruct samples/captures/fedsgd_b8.safetensors --model samples/models/lenet_untrained.safetensors \
+		--attack rgla --generator samples/generators/lenet_untrained_mnist.safetensors -o $(OUT)/rgla_b8 --force
 	$(BIN)/gleak simulate --model samples/models/lenet_untrained.safetensors --data samples/data/mnist_client.safetensors \
 		--batch-size 16 --local-steps 5 --seed 7 -o $(OUT)/fedavg_b16_m5.safetensors --force
 	$(BIN)/gleak inspect $(OUT)/fedavg_b16_m5.safetensors --model samples/models/lenet_untrained.safetensors

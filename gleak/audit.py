@@ -297,6 +297,8 @@ def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir
     if result.status != "ok":
         return _entry(result, "reconstruct", options=options), None, None
     images = result.images.images
+    if images is None:  # the budget plans gradient-matching and analytic attacks only; they always make images
+        raise TypeError(f"{name} returned no images")
     if not bool(torch.isfinite(images).all()):
         result.status, result.reason, result.output = "failed", "non-finite pixels (diverged)", None
         return _entry(result, "reconstruct", options=options), None, None

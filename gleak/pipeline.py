@@ -96,6 +96,46 @@ def score_reconstruction(ctx: Context, images: torch.Tensor, truth: Truth, lpips
                         bool(metrics["mean"]["psnr"] >= floor + BASELINE_MARGIN))
 
 
+def score_outputs(ctx: Context, truth: Truth, recovered: dict[str, torch.Tensor],
+                  classes: list[int]) -> dict[str, Any] | None:
+    """How close recovered per-example logits and features are to the true ones (the truth inputs through the
+    model, in the client's mode): logit mean squared error (the RGLA paper's Table 6 measure) and feature cosine
+    similarity. Rows are matched one-to-one to the truth (Hungarian, within equal labels where the truth has
+    hard labels): the attack's row order follows its labels, not the client's batch. None when nothing to score."""
+    from scipy.optimize import linear_sum_assignment
+
+    logits, feats = recovered.get("logits"), recovered.get("features")
+    if (logits is None and feats is None) or ctx.model is None or ctx.no_forward_reason:
+        return None
+    true_h, true_z = ctx.features_and_logits(truth.inputs)
+    true_h, true_z = true_h.double().flatten(1), true_z.double()
+    n = len(true_z)
+    ref = logits.double() if logits is not None else feats.double()  # type: ignore[union-attr]
+    target = true_z if logits is not None else true_h
+    if len(ref) != n or ref.shape[1] != target.shape[1]:
+        return None
+    if logits is not None:
+        cost = torch.cdist(ref, target).pow(2)
+    else:
+        cost = 1 - torch.nn.functional.normalize(ref, dim=1) @ torch.nn.functional.normalize(target, dim=1).T
+    if truth.labels.dim() == 1 and len(classes) == n:
+        mismatch = torch.tensor(classes).view(-1, 1) != truth.labels.view(1, -1)
+        cost = cost + mismatch.double() * (float(cost.max()) + 1) * 10
+    rows, cols = linear_sum_assignment(cost.numpy())
+    order = torch.as_tensor(cols[rows.argsort()])
+    out: dict[str, Any] = {"matching": order.tolist()}
+    if logits is not None:
+        err = (logits.double() - true_z[order]).pow(2)
+        out["logit_mse"] = float(err.mean())
+        out["logit_sq_error"] = err.sum(1).tolist()
+    if feats is not None and feats.shape[1] == true_h.shape[1]:
+        cos = torch.nn.functional.cosine_similarity(feats.double(), true_h[order], dim=1)
+        out["feature_cosine"] = cos.tolist()
+        out["feature_cosine_mean"] = float(cos.mean())
+        out["feature_cosine_min"] = float(cos.min())
+    return out
+
+
 def labels_report(inputs: Inputs, results: list[AttackResult], counts: torch.Tensor | None) -> dict[str, Any]:
     """``gleak labels``' report data (typed by :class:`gleak.report.model.LabelsReport`): the capture, the loss,
     the truth and chance baseline, each attack's result, the threads."""

@@ -37,6 +37,9 @@ OLD_DEFAULTS = {
     "ig": {"iterations": 4800, "restarts": 1, "lr": 0.1, "tv": 0.01, "signed": False},
     "feature": {"iterations": 300, "restarts": 1, "lr": 1.0, "tv": 0.01, "distance": "l2", "beta": 2.0,
                 "signed": False},
+    # the paper's Adam settings (iterations, lr, alphas) and gleak's LM solver (docs/methods/generative.md#rgla)
+    "rgla": {"solver": "lm", "restarts": 2, "all_starts": False, "evaluations": 500, "loss_weight": 1.0,
+             "iterations": 20000, "lr": 1e-3, "alpha_w": 1e4, "alpha_b": 1.0, "alpha_loss": 100.0},
 }
 
 

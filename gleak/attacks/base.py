@@ -64,11 +64,15 @@ class LabelOutput:
 
 @dataclass
 class ImageOutput:
-    """What a reconstruction attack returns: images in pixel space [B, C, H, W] within [0, 1], plus extras."""
+    """What a reconstruction attack returns: images in pixel space [B, C, H, W] within [0, 1], plus extras.
 
-    images: torch.Tensor
+    ``recovered`` holds per-example tensors an attack recovers on the way (the generative attacks' logits and
+    features); ``images`` is None only when such an attack had no generator to turn them into images."""
+
+    images: torch.Tensor | None
     diagnostics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    recovered: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,7 +110,7 @@ class AttackResult:
         if self.options is not None:
             out["options"] = self.options
         if isinstance(self.output, ImageOutput):
-            out["images"] = list(self.output.images.shape)
+            out["images"] = list(self.output.images.shape) if self.output.images is not None else None
             out["diagnostics"] = jsonable(self.output.diagnostics)
         elif self.output is not None:
             out["counts"] = [int(c) for c in self.output.counts.tolist()]

@@ -17,6 +17,7 @@ from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
 from gleak.cli.reconstruct_cmd import reconstruct
 from gleak.cli.simulate_cmd import simulate
+from gleak.cli.train_generator_cmd import train_generator
 
 app = typer.Typer(
     name="gleak",
@@ -45,6 +46,7 @@ def _root(
 
 for _command in (inspect, attacks, simulate, labels, reconstruct, audit):
     app.command(cls=GleakCommand)(_command)
+app.command("train-generator", cls=GleakCommand)(train_generator)
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ else:  # torch, the attacks, metrics and image writers load when the command run
     png_bytes = deferred("gleak.report.images", "png_bytes")
 
 
-FIXED_OUTPUTS = ("grid.png", "metrics.json", "images.safetensors")
+FIXED_OUTPUTS = ("grid.png", "metrics.json", "images.safetensors", "recovered.safetensors")
 MAX_ITERATIONS = 10_000_000
 MAX_RESTARTS = 1_000
 
@@ -92,8 +92,10 @@ def reconstruct(
     capture: Annotated[Path, typer.Argument(help="Capture file (.safetensors).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the images and metrics.json.")],
     model: Annotated[Path | None, typer.Option("--model", "-M", help="Global model file (required).")] = None,
-    attack: Annotated[str, typer.Option("--attack", "-a", help="dlg, ig, feature, fcn, or auto (fcn where it "
-                                        "applies, feature for one example, else ig).")] = "auto",
+    attack: Annotated[str, typer.Option("--attack", "-a", help="dlg, ig, feature, fcn, fgla, rgla, or auto (fcn "
+                                        "where it applies, feature for one example, else ig).")] = "auto",
+    generator: Annotated[Path | None, typer.Option("--generator", "-G", help="fgla, rgla: generator file from "
+                                                   "`gleak train-generator` (without one: features only).")] = None,
     labels: Annotated[str, typer.Option(help="auto (recover them), truth (the companion file) or a JSON "
                                         "report from `gleak labels`.")] = "auto",
     aux: Annotated[Path | None, typer.Option(help="Auxiliary labelled data for the label attacks.")] = None,
@@ -162,6 +164,15 @@ def reconstruct(
                          seed, batch_size, allow_model_mismatch=allow_model_mismatch)
     ctx = inputs.ctx
     chosen = choose_attack(ctx, attack)
+    gen_file = None
+    if generator is not None:
+        from gleak.attacks.reconstruct.generative import GenerativeAttack
+        from gleak.generator.file import load_generator
+
+        if not isinstance(chosen, GenerativeAttack):
+            raise GleakError(f"--generator is for the generative attacks (fgla, rgla); {chosen.name} does not use it")
+        gen_file = load_generator(generator, ctx.device)
+        chosen.options.generator = gen_file
     reason = chosen.not_applicable(ctx)
     if reason:
         raise GleakError(f"{chosen.name} does not apply: {reason}")
@@ -175,7 +186,7 @@ def reconstruct(
     if result.status != "ok" or not isinstance(result.output, ImageOutput):
         raise GleakError(f"{chosen.name} failed: {result.reason}")
     images = result.output.images
-    if not bool(torch.isfinite(images).all()):
+    if images is not None and not bool(torch.isfinite(images).all()):
         raise GleakError(f"{chosen.name} diverged (non-finite pixels); try a smaller --lr")
     data: dict[str, Any] = {
         "capture": str(capture), "model": str(model), "attack": chosen.name, "paper": chosen.paper,
@@ -188,6 +199,8 @@ def reconstruct(
         "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
         "model_mode": ctx.model_mode(),
         "ignored_options": ignored, "threads": torch.get_num_threads(), "baseline": None,
+        "generator": gen_file.describe() if gen_file is not None else None, "output_scores": None,
+        "images_written": images is not None,
     }
     data["labels"]["classes"] = prepared.targets.argmax(1).tolist()  # top class per reconstruction, in order
     if prepared.label_result is not None:
@@ -198,7 +211,12 @@ def reconstruct(
         if done and result.seconds > 0:
             data[key] = round(done / result.seconds, 2)
     truth_pixels = None
-    if inputs.truth is not None:
+    recovered = result.output.recovered
+    if inputs.truth is not None and recovered:
+        from gleak.pipeline import score_outputs
+
+        data["output_scores"] = jsonable(score_outputs(ctx, inputs.truth, recovered, data["labels"]["classes"]))
+    if inputs.truth is not None and images is not None:
         from gleak.pipeline import score_reconstruction
         from gleak.report.images import BASELINE_MARGIN
 
@@ -214,7 +232,7 @@ def reconstruct(
     from gleak.report.model import ReconstructReport
 
     data = ReconstructReport.build(data).to_json()  # typed: a missing or mistyped key fails here
-    written = _write(output, images, truth_pixels, data, force)
+    written = _write(output, images, truth_pixels, data, force, recovered)
     if format == "json":
         print_json(data)
     else:
@@ -244,13 +262,22 @@ def _run_with_progress(attack: ReconstructionAttack, ctx: Context, quiet: bool) 
         return run_attack(attack, ctx)
 
 
-def _write(folder: Path, images: Any, truth: Any, data: dict[str, Any], force: bool) -> list[Path]:
+def _write(folder: Path, images: Any, truth: Any, data: dict[str, Any], force: bool,
+           recovered: dict[str, Any] | None = None) -> list[Path]:
     """Every output file appears together, or (on any failure) none does.
 
     The grid and the per-image PNGs are enlarged alike; each grid cell is captioned with the label the
-    attack used and, with ground truth, its PSNR and SSIM."""
+    attack used and, with ground truth, its PSNR and SSIM. What a generative attack recovers on the way
+    (logits, features) goes to recovered.safetensors; without images only it and metrics.json are written."""
     from gleak.report.images import enlarge
 
+    extra = {"gleak.kind": "recovered", "gleak.attack": data["attack"]}
+    if images is None:
+        with OutputSet(folder, force) as out:
+            out.write_bytes("recovered.safetensors", safetensors_bytes(
+                {k: v.contiguous() for k, v in (recovered or {}).items()}, extra))
+            out.write_bytes("metrics.json", (json.dumps(data, indent=2) + "\n").encode())
+            return out.commit()
     rows = [truth, images] if truth is not None else [images]
     m = data["metrics"]
     order = m["matching"] if m is not None else list(range(len(images)))
@@ -269,6 +296,9 @@ def _write(folder: Path, images: Any, truth: Any, data: dict[str, Any], force: b
             out.write_bytes(f"recon_{i:03d}.png", png_bytes(image))
         out.write_bytes("images.safetensors", safetensors_bytes(
             {"images": images.contiguous()}, {"gleak.kind": "reconstruction", "gleak.attack": data["attack"]}))
+        if recovered:
+            out.write_bytes("recovered.safetensors", safetensors_bytes(
+                {k: v.contiguous() for k, v in recovered.items()}, extra))
         out.write_bytes("metrics.json", (json.dumps(data, indent=2) + "\n").encode())
         return out.commit()
 
@@ -307,8 +337,23 @@ def _render(data: dict[str, Any], written: list[Path]) -> None:
     threads = f"{data['threads']} thread{'s' if data['threads'] != 1 else ''}"
     console.print(f"time {data['seconds']:.1f} s on {threads}{work}{speed}"
                   + (f", final loss {d['loss']:.3e}" if "loss" in d else ""), soft_wrap=True)
+    o = data.get("output_scores")
+    if o:
+        parts = []
+        if o.get("logit_mse") is not None:
+            parts.append(f"logit MSE {o['logit_mse']:.2e}")
+        if o.get("feature_cosine_mean") is not None:
+            parts.append(f"feature cosine mean {o['feature_cosine_mean']:.4f} (min {o['feature_cosine_min']:.4f})")
+        console.print("recovered vs true model outputs: " + ", ".join(parts), soft_wrap=True)
+    if data.get("generator"):
+        g = data["generator"]
+        ceiling = f", held-out PSNR {g['heldout_psnr']:.2f} dB" if g.get("heldout_psnr") is not None else ""
+        console.print(f"[dim]generator {escape(str(g['file']))} (layer {g['layer']}{ceiling})[/]", soft_wrap=True)
     m = data["metrics"]
-    if m is not None:
+    if not data.get("images_written", True):
+        console.print("[yellow]no images written[/] (no generator): the recovered features are in "
+                      "recovered.safetensors", soft_wrap=True)
+    elif m is not None:
         table = Table(title="reconstruction vs truth (matched one-to-one)", title_justify="left")
         for col in ("image", "PSNR dB", "SSIM", "LPIPS"):
             table.add_column(col, justify="right")

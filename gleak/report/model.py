@@ -319,6 +319,9 @@ class ReconstructReport(CommandReport):
     baseline: Baseline | None
     iterations_per_second: float | None = None
     evaluations_per_second: float | None = None
+    generator: dict[str, Any] | None = None  # fgla/rgla: the generator file used and what it records
+    output_scores: dict[str, Any] | None = None  # fgla/rgla: recovered logits/features vs the truth's
+    images_written: bool = True  # False: a generative attack without a generator (features only)
 
 
 class TensorInfo(_Model):

@@ -70,9 +70,10 @@ class ReconOptions(AttackOptions):
     beta: float | None = Field(None, ge=0, le=MAX_WEIGHT)  # weight of the feature term
     signed: bool | None = None  # Adam on the signed gradient (ig, feature with cosine)
     progress: Progress | None = None
+    generator: Any = None  # a loaded GeneratorFile (fgla, rgla), or None
 
 
-RUN_INPUTS = ("targets", "feature", "progress")
+RUN_INPUTS = ("targets", "feature", "progress", "generator")
 
 
 class ReconstructionAttack(Attack):

@@ -1,0 +1,1 @@
+"""Feature-to-image generators for the generative attacks (fgla, rgla): the network, its file, its training."""
