@@ -43,6 +43,7 @@ from scipy.optimize import linear_sum_assignment  # noqa: E402
 
 from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.reconstruct.base import to_pixels  # noqa: E402
+from gleak.attacks.reconstruct.disaggregate import OutputSystem  # noqa: E402
 from gleak.capture import capture_gradients  # noqa: E402
 from gleak.data import Dataset, load_dataset  # noqa: E402
 from gleak.generator.file import GeneratorFile, load_generator, save_generator  # noqa: E402
@@ -182,10 +183,13 @@ def truth_of(ctx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return h.double(), z.double()
 
 
-def logit_trial(ctx, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+def logit_trial(ctx, x: torch.Tensor, y: torch.Tensor, solver: str = "lm", **options: Any) -> dict[str, Any]:
     C = ctx.num_classes
     feats, logits = truth_of(ctx, x)
-    res = run("rgla", ctx, one_hot(y, C))
+    targets = one_hot(y, C)
+    true_residual = OutputSystem(ctx.grad_weight, ctx.grad_bias, ctx.layer.weight.double(),
+                                 ctx.layer.bias.double(), targets, None).exact_residual(logits)
+    res = run("rgla", ctx, targets, **({"solver": solver} if solver != "lm" else {}), **options)
     rec_logits = res.output.recovered["logits"].double()
     rec_feats = res.output.recovered["features"].double()
     order = match_within_labels(rec_logits, logits, y)
@@ -194,7 +198,8 @@ def logit_trial(ctx, x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
     cos = cosines(rec_feats, feats)
     d = res.output.diagnostics
     return {"mse": float(sq.mean()), "per_example_sse": float(sq.sum(1).mean()),
-            "rel_err": float(sq.sum() / logits.pow(2).sum()), "cos_mean": float(cos.mean()),
+            "rel_err": float(sq.sum() / logits.pow(2).sum()), "true_residual": true_residual,
+            "cos_mean": float(cos.mean()),
             "cos_min": float(cos.min()), "exact": bool(d["exact"]), "seconds": res.seconds,
             "chosen_start": d["chosen_start"], "residual": d["residual"], "loss_gap": d["loss_gap"],
             "loss_estimate": d["loss_estimate"], "evaluations": d["evaluations_run"],
@@ -212,44 +217,70 @@ def med(values: list[float]) -> float:
 
 # ------------------------------------------------------------------------------------------- table 6
 
-def table6(n: int, quick: bool) -> tuple[str, dict]:
+C100_BATCHES = {8: None, 16: None, 32: 2, 64: 2}  # lm at C = 100: ~3 s, ~12 s, ~9 min, 6+ min a batch
+C100_NO_RESTARTS = 32  # lm at C = 100 from this B on: the FGLA start only (restarts=0), for time
+ADAM_BATCHES = 2  # the paper's Adam solver (20,000 steps, ~20 s a batch) at C = 100
+ACCURATE = 1e-6  # rel. error below which a recovery counts as accurate (the float32 floor is ~1e-13)
+
+
+def table6(n: int, quick: bool, c100_all: bool) -> tuple[str, dict]:
     mnist = load_dataset(ROOT / "samples/data/mnist_client.safetensors")
-    settings: list[tuple[str, Any, list[int]]] = [
-        ("C = 100, idlg-cnn (sigmoid, U(±0.5)) untrained, 3×32×32 natural crops", "c100", [8] if quick else
-         [8, 16, 32, 64]),
-        ("C = 10, LeNet-5 untrained, MNIST", "lenet", [2, 8] if quick else [2, 4, 8, 10, 11]),
-        ("C = 10, LeNet-5 98.7 % backbone + fresh fc3 (paper's setting), MNIST", "lenet-paper",
+    c100 = "C = 100, idlg-cnn (sigmoid, U(±0.5)) untrained, 3×32×32 natural crops"
+    settings: list[tuple[str, str, str, list[int]]] = [
+        (c100, "c100", "lm", [8] if quick else [8, 16, 32, 64]),
+        (c100, "c100", "adam", [8] if quick else [8, 16, 32, 64]),
+        ("C = 10, LeNet-5 untrained, MNIST", "lenet", "lm", [2, 8] if quick else [2, 4, 8, 10, 11]),
+        ("C = 10, LeNet-5 98.7 % backbone + fresh fc3 (paper's setting), MNIST", "lenet-paper", "lm",
          [8] if quick else [2, 4, 8, 10, 11]),
     ]
     models = {"c100": idlg100(), "lenet": lenet(False), "lenet-paper": lenet(True)}
-    lines = [f"## Table 6 in small: logit and feature recovery of rgla ({n} batch{'es' if n > 1 else ''} per row, "
-             "ground-truth labels; recovered rows matched to true rows within each shared label)", "",
+    caps = "" if c100_all or quick else (
+        f" (C = 100: lm on {', '.join(f'{v or n} at B = {b}' for b, v in C100_BATCHES.items())} batches, the "
+        f"paper's Adam on {min(ADAM_BATCHES, n)} per B; lm from the FGLA start only (restarts=0) at "
+        f"B ≥ {C100_NO_RESTARTS}; for time)")
+    lines = [f"## Table 6 in small: logit and feature recovery of rgla ({n} batch{'es' if n > 1 else ''} per row"
+             f"{caps}; ground-truth labels; recovered rows matched to true rows within each shared label)", "",
+             "solver: lm = gleak's default (Levenberg–Marquardt, FGLA start + 2 random restarts); adam = the "
+             "paper's solver (20,000 Adam steps on Eq. 7 from a random start, α = 10⁴, 1, 100). "
              "logit MSE = mean over the B×C entries of (ŷ′ − ŷ)²; per-example SSE = its sum over the C classes, "
              "averaged over the B examples; rel. = ‖Ŷ′ − Ŷ‖²/‖Ŷ‖²; cos = cosine of F′ and the true last-layer "
-             "input (mean over all examples of all batches, and the minimum); exact = share of batches where a "
-             "start solved Prop. 1 and Eq. 3 (squared normalised residual < 1e-10).", "",
-             "| setting | B | logit MSE median | max | per-example SSE median | rel. median | cos mean | cos min | "
-             "exact | s/batch median | logit std | paper (ImageNet, ResNet-50) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "input (mean over all examples of all batches, and the minimum); exact = batches where rgla reports "
+             "an exact solution (diagnostics['exact']: squared normalised residual of Prop. 1 and Eq. 3 < 1e-10); "
+             f"accurate = batches with rel. < {ACCURATE:g}; residual = rgla's chosen residual vs the residual of "
+             "the true logits in the same (float32-gradient) equations (medians); shared = examples sharing a label "
+             "(median).", "",
+             "| setting | solver | B | logit MSE median | max | per-example SSE median | rel. median | cos mean | "
+             "cos min | exact | accurate | residual found / true | shared | s/batch median | logit std | "
+             "paper (ImageNet, ResNet-50) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     raw: dict[str, Any] = {}
-    for title, key, sizes in settings:
+    for title, key, solver, sizes in settings:
         model = models[key]
         for B in sizes:
+            count = n
+            if key == "c100" and not c100_all and not quick:
+                count = min(n, ADAM_BATCHES) if solver == "adam" else min(n, C100_BATCHES[B] or n)
             trials = []
-            for s in range(n):
+            for s in range(count):
                 if key == "c100":
                     ctx, x, y = natural_capture(model, B, seed=s)
                 else:
                     ctx, x, y = mnist_capture(model, mnist, B, seed=100 + s)
-                trials.append(logit_trial(ctx, x, y))
-            raw[f"{key} B={B}"] = trials
+                extra = {"restarts": 0} if key == "c100" and solver == "lm" and B >= C100_NO_RESTARTS else {}
+                trials.append(logit_trial(ctx, x, y, solver=solver, **extra))
+                print(f"  {key} {solver} B={B} batch {s}: mse {trials[-1]['mse']:.2e}, "
+                      f"{trials[-1]['seconds']:.1f} s", flush=True)
+            raw[f"{key} {solver} B={B}"] = trials
             mses = [t["mse"] for t in trials]
             cos_all = [t["cos_mean"] for t in trials]
             paper = fmt_e(PAPER_T6[B]) if key == "c100" and B in PAPER_T6 else "—"
-            line = (f"| {title} | {B} | {fmt_e(med(mses))} | {fmt_e(max(mses))} | "
+            line = (f"| {title} | {solver} | {B} | {fmt_e(med(mses))} | {fmt_e(max(mses))} | "
                     f"{fmt_e(med([t['per_example_sse'] for t in trials]))} | "
                     f"{fmt_e(med([t['rel_err'] for t in trials]))} | {statistics.mean(cos_all):.6f} | "
                     f"{min(t['cos_min'] for t in trials):.4f} | {sum(t['exact'] for t in trials)}/{len(trials)} | "
+                    f"{sum(t['rel_err'] < ACCURATE for t in trials)}/{len(trials)} | "
+                    f"{med([t['residual'] for t in trials]):.0e} / {med([t['true_residual'] for t in trials]):.0e} | "
+                    f"{med([t['shared'] for t in trials]):g} | "
                     f"{med([t['seconds'] for t in trials]):.2f} | {med([t['logit_std'] for t in trials]):.2f} | "
                     f"{paper} |")
             print(line, flush=True)
@@ -351,7 +382,7 @@ def table8(n: int, quick: bool, ig_batches: int, ig_iterations: int | None) -> t
             raw[f"{title} k={k}"] = trials
             i = SHARING.index(k)
 
-            def mean(key: str, digits: int = 2) -> str:
+            def mean(key: str, digits: int = 2, cells: dict[str, list[float]] = cells) -> str:
                 return f"{statistics.mean(cells[key]):.{digits}f}" if cells[key] else "—"
 
             line = (f"| {k} | {mean('ceiling')} | {mean('rgla')} | {mean('fgla')} | {mean('ig')} | "
@@ -377,7 +408,7 @@ def speed(quick: bool, ig_iterations: int | None) -> tuple[str, dict]:
         [("LeNet-5 untrained", lenet(False)), ("LeNet-5 98.7 % + fresh fc3", lenet(True))]
     for title, model in settings:
         gen, _ = generator_for(model, aux)
-        ctx, x, y = mnist_capture(model, mnist, 8, seed=300)
+        ctx, _, y = mnist_capture(model, mnist, 8, seed=300)
         targets = one_hot(y, 10)
         times: dict[str, list[float]] = {}
         for name, reps in (("rgla", 3), ("fgla", 3), ("ig", 1 if quick else 2)):
@@ -397,14 +428,25 @@ def speed(quick: bool, ig_iterations: int | None) -> tuple[str, dict]:
 
 # ------------------------------------------------------------------------------------------- main
 
+def library_hashes() -> dict[str, str]:
+    """Which version of the attack code produced the numbers (the files are under active development)."""
+    import hashlib
+
+    files = ("attacks/reconstruct/rgla.py", "attacks/reconstruct/disaggregate.py", "attacks/reconstruct/fgla.py",
+             "generator/train.py", "generator/network.py")
+    return {Path(f).name: hashlib.sha256((ROOT / "gleak" / f).read_bytes()).hexdigest()[:12] for f in files}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["table6", "table8", "speed"], default=None)
     parser.add_argument("--batches", type=int, default=None, help="batches per setting (table6: 5, table8: 3)")
     parser.add_argument("--ig-batches", type=int, default=None,
-                        help="table8: run ig on the first N batches of each cell (default: all)")
+                        help="table8: run ig on the first N batches of each cell (default 2: ~50 s a run)")
     parser.add_argument("--ig-iterations", type=int, default=None, help="ig Adam steps (default: 4,800)")
     parser.add_argument("--quick", action="store_true", help="1 batch, few settings (debugging)")
+    parser.add_argument("--c100-all", action="store_true",
+                        help="table6: run every C = 100 row on all batches (lm takes ~20 min a batch at B = 32)")
     args = parser.parse_args()
     torch.set_num_threads(THREADS)
     parts = [args.only] if args.only else ["table6", "table8", "speed"]
@@ -414,21 +456,23 @@ def main() -> None:
         started = time.time()
         if part == "table6":
             n = 1 if args.quick else (args.batches or 5)
-            text, raw = table6(n, args.quick)
+            text, raw = table6(n, args.quick, args.c100_all)
         elif part == "table8":
             n = 1 if args.quick else (args.batches or 3)
-            text, raw = table8(n, args.quick, args.ig_batches if args.ig_batches is not None else n,
+            text, raw = table8(n, args.quick, args.ig_batches if args.ig_batches is not None else min(n, 2),
                                args.ig_iterations)
         else:
             text, raw = speed(args.quick, args.ig_iterations)
         seconds = time.time() - started
         header = (f"# RGLA benchmark: {part}\n\n`python bench/rgla.py {' '.join(sys.argv[1:])}`; this part "
                   f"{seconds:.0f} s; torch threads {torch.get_num_threads()} (2 shared CPU cores), torch "
-                  f"{torch.__version__}; {datetime.date.today().isoformat()}\n")
+                  f"{torch.__version__}; {datetime.date.today().isoformat()}; library files (sha256[:12]): "
+                  f"{', '.join(f'{k} {v}' for k, v in library_hashes().items())}\n")
         name = f"rgla-{part}" + ("-quick" if args.quick else "")
         (out / f"{name}.md").write_text(header + "\n" + text + "\n")
         (out / f"{name}.json").write_text(json.dumps({"command": sys.argv, "threads": torch.get_num_threads(),
                                                       "seconds": seconds, "date": datetime.date.today().isoformat(),
+                                                      "library": library_hashes(),
                                                       "results": raw}, indent=1, default=float) + "\n")
         print(f"wrote {out / name}.md ({seconds:.0f} s)", flush=True)
 

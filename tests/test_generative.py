@@ -175,6 +175,7 @@ def test_cli_rgla_end_to_end(tmp_path, gleak):
     data = json.loads(r.stdout)
     assert data["attack"] == "rgla" and data["images_written"] is True
     assert data["output_scores"]["logit_mse"] < 1e-6 and data["output_scores"]["feature_cosine_min"] > 0.999
+    assert data["output_scores"]["logit_mse"] > 0  # a 1e-13 error is reported as such, not rounded to 0
     assert data["metrics"]["mean"]["psnr"] > 13 and data["generator"]["layer"] == "fc3"
     assert {p.name for p in out.iterdir()} >= {"grid.png", "metrics.json", "recovered.safetensors"}
 
@@ -200,3 +201,11 @@ def test_paper_solver_runs_and_reports_itself():
     assert d["solver"] == "adam" and d["evaluations_run"] == 300
     assert result.options == get_attack("rgla").configure({"solver": "adam", "iterations": 300}).model_dump(
         mode="json")
+
+
+def test_json_values_keep_small_errors_and_drop_non_finite():
+    from gleak.attacks.base import jsonable
+
+    out = jsonable({"mse": 2.345678912345e-13, "psnr": 14.861234567891, "bad": float("nan"), "t": torch.tensor([1e-20])})
+    assert out["mse"] == 2.34567891e-13 and out["psnr"] == 14.8612346 and out["bad"] is None
+    assert out["t"] == [pytest.approx(1e-20, rel=1e-6)]

@@ -124,7 +124,8 @@ class AttackResult:
 
 
 def jsonable(value: Any) -> Any:
-    """Plain JSON values: tensors as lists, floats rounded, inf/NaN as null."""
+    """Plain JSON values: tensors as lists, floats to 9 significant digits (so that an error of 1e-13 stays
+    1e-13, not 0), inf/NaN as null."""
     if isinstance(value, torch.Tensor):
         return jsonable(value.tolist())
     if isinstance(value, dict):
@@ -132,7 +133,7 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if isinstance(value, float):
-        return round(value, 8) if math.isfinite(value) else None
+        return float(f"{value:.9g}") if math.isfinite(value) else None
     return value
 
 
