@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from gleak.attacks import build_context, get_attack, run_attack
 from gleak.attacks.reconstruct.disaggregate import (
+    OutputSystem,
     batch_loss_estimate,
     features_from_outputs,
     fgla_features,
@@ -206,6 +207,19 @@ def test_paper_solver_runs_and_reports_itself():
 def test_json_values_keep_small_errors_and_drop_non_finite():
     from gleak.attacks.base import jsonable
 
-    out = jsonable({"mse": 2.345678912345e-13, "psnr": 14.861234567891, "bad": float("nan"), "t": torch.tensor([1e-20])})
+    out = jsonable({"mse": 2.345678912345e-13, "psnr": 14.861234567891, "bad": float("nan"),
+                    "t": torch.tensor([1e-20])})
     assert out["mse"] == 2.34567891e-13 and out["psnr"] == 14.8612346 and out["bad"] is None
     assert out["t"] == [pytest.approx(1e-20, rel=1e-6)]
+
+
+@pytest.mark.parametrize(("B", "C", "loss_weight"), [(8, 10, 0.0), (3, 5, 1.5), (11, 10, 1.0)])
+def test_closed_form_jacobian_equals_autodiff(B, C, loss_weight):
+    g = torch.Generator().manual_seed(B * C)
+    gw, gb = torch.randn(C, 7, generator=g), torch.randn(C, generator=g)
+    weight, bias = torch.randn(C, 7, generator=g), torch.randn(C, generator=g)
+    targets = F.one_hot(torch.randint(C, (B,), generator=g), C).double()
+    system = OutputSystem(gw, gb, weight, bias, targets, 0.7)
+    y = torch.randn(B * C, generator=g, dtype=torch.float64)
+    auto = torch.func.jacfwd(lambda t: system.residual(t, loss_weight))(y)
+    assert torch.allclose(system.jacobian(y, loss_weight), auto, atol=1e-12, rtol=0)
