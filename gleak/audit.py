@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +33,7 @@ from gleak import __version__
 from gleak.attacks import Context, build_context, get_attack, run_attack
 from gleak.attacks.base import AttackResult
 from gleak.attacks.plan import run_label_attacks, select_attacks
-from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
+from gleak.capture import Capture, Truth, load_capture, load_truth, safetensors_kind, truth_path_for
 from gleak.data import Dataset, load_dataset
 from gleak.errors import GleakError, shorten
 from gleak.io import file_sha256
@@ -58,7 +56,6 @@ BUDGETS = ("quick", "standard", "full")
 STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
 CAPTURE_KINDS = ("gradient", "update")
-HEADER_LIMIT = 100_000_000  # a safetensors header larger than this is not read for the capture check
 
 
 @dataclass
@@ -84,31 +81,13 @@ class AuditConfig:
 
 
 # ----------------------------------------------------------------------------------------------- discovery
-def _safetensors_kind(path: Path) -> str | None:
-    """``gleak.kind`` from a safetensors header without reading the tensors (None when not a gleak file)."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                return None
-            (size,) = struct.unpack("<Q", raw)
-            if size > HEADER_LIMIT:
-                return None
-            header = json.loads(f.read(size))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    kind = meta.get("gleak.kind") if isinstance(meta, dict) else None
-    return kind if isinstance(kind, str) else None
-
-
 def find_captures(paths: Sequence[Path]) -> list[Path]:
     """Captures named directly, and every capture file (gleak.kind gradient/update) under the directories."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
             found += [p for p in sorted(path.rglob("*.safetensors"))
-                      if p.is_file() and _safetensors_kind(p) in CAPTURE_KINDS]
+                      if p.is_file() and safetensors_kind(p) in CAPTURE_KINDS]
         elif path.exists():
             found.append(path)
         else:
@@ -124,7 +103,7 @@ def find_models(paths: Sequence[Path]) -> list[Path]:
     for path in paths:
         if path.is_dir():
             found += [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MODEL_SUFFIXES
-                      and (p.suffix.lower() != ".safetensors" or _safetensors_kind(p) is None)]
+                      and (p.suffix.lower() != ".safetensors" or safetensors_kind(p) is None)]
         elif path.exists():
             found.append(path)
         else:

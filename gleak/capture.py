@@ -367,6 +367,25 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, n
 
 
+def safetensors_kind(path: Path) -> str | None:
+    """``gleak.kind`` from a safetensors header, reading neither the tensors nor checking them (None when the
+    file is not a readable safetensors file or records no kind): for telling gleak files apart cheaply."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                return None
+            (size,) = struct.unpack("<Q", raw)
+            if size > MAX_HEADER_BYTES:
+                return None
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    kind = meta.get("gleak.kind") if isinstance(meta, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def read_safetensors(path: str | Path, what: str = "file") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read every tensor and the raw metadata of a safetensors file, with readable errors."""
     p = check_input_file(path, what)

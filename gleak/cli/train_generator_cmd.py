@@ -37,12 +37,14 @@ from gleak.errors import GleakError, shorten
 if TYPE_CHECKING:
     import torch
 
+    from gleak.capture import safetensors_kind
     from gleak.data import Dataset, load_dataset
     from gleak.generator.file import save_generator
     from gleak.generator.train import TrainResult, TrainSettings, aux_features, train_decoder
     from gleak.io import check_writable, show, tensors_sha256
     from gleak.models import find_last_layer, load_model
 else:  # imported on first use: the CLI starts without torch
+    safetensors_kind = deferred("gleak.capture", "safetensors_kind")
     load_dataset = deferred("gleak.data", "load_dataset")
     save_generator = deferred("gleak.generator.file", "save_generator")
     TrainSettings = deferred("gleak.generator.train", "TrainSettings")
@@ -184,27 +186,12 @@ def load_aux(path: Path) -> Dataset:
     try:
         return load_dataset(path)
     except GleakError:
-        kind = _gleak_kind(path)
+        kind = safetensors_kind(path)
         if kind in OTHER_KINDS:
             raise GleakError(f"--aux {show(path)} is {OTHER_KINDS[kind]} (gleak.kind={kind}), not auxiliary "
                              "data: pass images and labels (a .safetensors data set with 'images' and 'labels', or "
                              "an image folder)") from None
         raise
-
-
-def _gleak_kind(path: Path) -> str | None:
-    """The ``gleak.kind`` a safetensors file's header records, or None (not one, unreadable)."""
-    from gleak.capture import _read_header
-
-    try:
-        if not path.is_file():
-            return None
-        header, _ = _read_header(path)
-    except (GleakError, OSError):
-        return None
-    meta = header.get("__metadata__")
-    kind = meta.get("gleak.kind") if isinstance(meta, dict) else None
-    return kind if isinstance(kind, str) else None
 
 
 def _train(module: Any, layer: Any, data: Dataset, settings: TrainSettings, device: torch.device, show_bar: bool,

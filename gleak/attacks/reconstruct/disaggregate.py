@@ -207,7 +207,8 @@ def least_squares_fit(system: OutputSystem, start: torch.Tensor, loss_weight: fl
 
     x0 = start.detach().double().flatten().numpy().copy()
     n = x0.size
-    rows = system.shape[1] ** 2 + system.shape[1] + int(bool(loss_weight) and system.loss_estimate is not None)
+    with torch.no_grad():
+        rows = system.residual(torch.from_numpy(x0), loss_weight).numel()
     matrix_free = rows * n > DENSE_LIMIT
     tol = dict(xtol=1e-15, ftol=1e-15, gtol=1e-15, max_nfev=max_evaluations)
     try:

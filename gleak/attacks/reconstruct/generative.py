@@ -44,12 +44,7 @@ class GenerativeAttack(ReconstructionAttack):
         return self.typed
 
     def not_applicable(self, ctx: Context) -> str | None:
-        reason = ctx.check_requirements(self.requires)
-        if reason:
-            return reason
-        if ctx.grad_bias is None:
-            return f"needs the last layer's bias gradient ('{ctx.layer.name}' has no bias)"
-        return self.generator_problem(ctx)
+        return ctx.check_requirements(self.requires) or self.generator_problem(ctx)
 
     def generator_problem(self, ctx: Context) -> str | None:
         """Why the given generator does not fit this model and capture (None if it does, or none is given)."""

@@ -84,8 +84,6 @@ class RGLA(GenerativeAttack):
         if B is not None and B > C + 1:
             return (f"B = {B} > C + 1 = {C + 1}: the gradient's C² + C equations cannot determine B·C = {B * C} "
                     "outputs (RGLA paper, §4.2)")
-        if ctx.layer.bias is None:
-            return f"needs the last layer's bias; '{ctx.layer.name}' has none"
         return None
 
     def run(self, ctx: Context) -> ImageOutput:
