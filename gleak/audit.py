@@ -20,6 +20,7 @@ Findings and their thresholds (defaults in :class:`~gleak.report.model.Threshold
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,7 @@ from gleak.attacks import Context, build_context, get_attack, run_attack
 from gleak.attacks.base import AttackResult
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, Truth, load_capture, load_truth, safetensors_kind, truth_path_for
-from gleak.data import Dataset, load_dataset
+from gleak.data import Dataset
 from gleak.errors import GleakError, shorten
 from gleak.io import file_sha256
 from gleak.metrics.labels import chance_scores, truth_counts
@@ -56,6 +57,10 @@ BUDGETS = ("quick", "standard", "full")
 STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
 CAPTURE_KINDS = ("gradient", "update")
+FORWARD_CACHE_ENTRIES = 8  # (model, aux, mode) combinations whose aux forwards an audit keeps
+
+
+CaptureResult = tuple[CaptureReport, list[Finding], list[Notice]]
 
 
 @dataclass
@@ -109,7 +114,9 @@ def find_models(paths: Sequence[Path]) -> list[Path]:
         else:
             raise GleakError(f"{path}: no such file or directory")
     if not found:
-        raise GleakError("no model files found in " + ", ".join(str(p) for p in paths))
+        hint = next((f" (global models saved by gleak.integrations are in {p / 'models'}: pass that folder)"
+                     for p in paths if p.is_dir() and (p / "models").is_dir()), "")
+        raise GleakError("no model files found in " + ", ".join(str(p) for p in paths) + hint)
     return found
 
 
@@ -118,6 +125,8 @@ class ModelSet:
     """The models given, loaded once, indexed by the tensor hash captures record (gleak.model.sha256)."""
 
     models: list[tuple[Path, LoadedModel]]
+    # aux-set forwards shared by every capture audited with the same model, aux data and forward mode
+    forward_cache: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, paths: Sequence[Path], config: AuditConfig) -> ModelSet:
@@ -313,30 +322,63 @@ def _finite(value: Any) -> float | None:
 
 def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Dataset]], config: AuditConfig,
                   out_dir: Path | None = None) -> tuple[CaptureReport, list[Finding], list[Notice]]:
-    """Audit one capture; bad input becomes an error entry (never an exception)."""
+    """Audit one capture file; bad input becomes an error entry (never an exception)."""
     started = time.perf_counter()
     report = CaptureReport(capture=FileRef(path=str(path)))
-    notices: list[Notice] = []
     try:
         report.capture.sha256 = file_sha256(path)
         capture = load_capture(path)
         model_path, loaded = models.match(capture)
         report.model = FileRef(path=str(model_path), sha256=loaded.weights_sha256 or None)
+        truth_file = truth_path_for(path)
+        truth = load_truth(truth_file, capture) if truth_file.exists() else None
+        if truth is not None:
+            report.truth = FileRef(path=str(truth_file), sha256=file_sha256(truth_file))
+    except GleakError as e:
+        return _error(report, e, started), [], []
+    report.stage_seconds = {"load": round(time.perf_counter() - started, 6)}
+    return audit_loaded(capture, loaded, auxes, config, truth, out_dir, report=report, started=started,
+                        cache=models.forward_cache)
+
+
+def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Path, Dataset]],
+                 config: AuditConfig, truth: Truth | None = None, out_dir: Path | None = None,
+                 name: str | None = None, report: CaptureReport | None = None,
+                 started: float | None = None,
+                 cache: dict[tuple[Any, ...], dict[str, Any]] | None = None,
+                 ) -> tuple[CaptureReport, list[Finding], list[Notice]]:
+    """Audit a capture already in memory against its model (e.g. an update a server just received, from
+    :mod:`gleak.integrations.flower`); ``name`` labels it in the report. Bad input becomes an error entry.
+    ``cache`` (kept by the caller across captures) shares the auxiliary set's model forwards between captures
+    made with the same model weights and forward mode."""
+    started = time.perf_counter() if started is None else started
+    label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
+    report = report or CaptureReport(capture=FileRef(path=label))
+    path = report.capture.path
+    notices: list[Notice] = []
+    stages = report.stage_seconds = dict(report.stage_seconds or {})
+    mark = time.perf_counter()
+    try:
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
                             allow_model_mismatch=config.allow_model_mismatch)
         aux = next(((p, d) for p, d in auxes if _aux_fits(d, ctx.input_shape, ctx.num_classes)), None)
         if aux is not None:  # _aux_fits made build_context's aux checks (shape, classes): attach it
-            ctx = dataclasses.replace(ctx, aux=aux[1], _cache={})
-            report.aux = FileRef(path=str(aux[0]), sha256=file_sha256(aux[0]))
-        truth_file = truth_path_for(path)
-        truth = load_truth(truth_file, capture) if truth_file.exists() else None
+            shared: dict[str, Any] = {}
+            if cache is not None and loaded.weights_sha256:
+                key = (loaded.weights_sha256, str(aux[0]), id(aux[1]), ctx.batch_stats,
+                       ctx.batch_size if ctx.batch_stats else None, ctx.seed, str(ctx.device))
+                if key not in cache and len(cache) >= FORWARD_CACHE_ENTRIES:
+                    cache.pop(next(iter(cache)))  # the oldest model's forwards
+                shared = cache.setdefault(key, {})
+            ctx = dataclasses.replace(ctx, aux=aux[1], _cache=shared)
+            report.aux = FileRef(path=str(aux[0]), sha256=_aux_sha256(aux[0]))
         if truth is not None:
-            truth.check(ctx.num_classes, ctx.total_examples, f"ground truth {truth_file}")
-            report.truth = FileRef(path=str(truth_file), sha256=file_sha256(truth_file))
+            where = f"ground truth {report.truth.path}" if report.truth is not None else "ground truth"
+            truth.check(ctx.num_classes, ctx.total_examples, where)
     except GleakError as e:
-        report.status, report.error = "error", shorten(str(e), 600)
-        report.seconds = round(time.perf_counter() - started, 3)
-        return report, [], notices
+        return _error(report, e, started), [], notices
+    stages["context"] = round(time.perf_counter() - mark, 6)
+    mark = time.perf_counter()
     report.kind, report.batch_size, report.local_steps = ctx.kind, ctx.batch_size, ctx.local_steps
     report.num_classes, report.last_layer = ctx.num_classes, ctx.layer.name
     report.loss = {"name": ctx.loss.name, "reduction": ctx.loss.reduction, "label_smoothing": ctx.loss.label_smoothing,
@@ -353,7 +395,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         report.truth_counts = [int(c) for c in counts.tolist()]
         report.chance = chance_scores(counts)
     else:
-        notices.append(Notice(code="NO_TRUTH", capture=str(path), message=(
+        notices.append(Notice(code="NO_TRUTH", capture=path, message=(
             "no ground truth next to the capture: recovered labels are reported, but leakage cannot be scored "
             "(gleak simulate and the capture helpers write NAME.truth.safetensors)")))
     # the same planning, running and scoring as `gleak labels` (gleak.attacks.plan)
@@ -365,19 +407,34 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         if result.status == "not_applicable":
             report.skipped.append(f"{result.attack}: {result.reason}")
     findings = _label_findings(report, config.thresholds)
-    entry, baseline, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(path))
+    stages["labels"] = round(time.perf_counter() - mark, 6)
+    mark = time.perf_counter()
+    entry, baseline, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(Path(path)))
     if skipped:
         report.skipped.append(skipped)
-        notices.append(Notice(code="RECONSTRUCTION_SKIPPED", capture=str(path), message=skipped))
-    notices += _notices(ctx, report, str(path), bool(auxes))
+        notices.append(Notice(code="RECONSTRUCTION_SKIPPED", capture=path, message=skipped))
+    notices += _notices(ctx, report, path, bool(auxes))
     if entry is not None:
         report.attacks.append(entry)
         if baseline is not None:
             image = _image_finding(report, entry, baseline, config.thresholds)
             if image is not None:
                 findings.append(image)
+    stages["reconstruction"] = round(time.perf_counter() - mark, 6)
     report.seconds = round(time.perf_counter() - started, 3)
     return report, findings, notices
+
+
+def _error(report: CaptureReport, error: GleakError, started: float) -> CaptureReport:
+    report.status, report.error = "error", shorten(str(error), 600)
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+@functools.lru_cache(maxsize=64)
+def _aux_sha256(path: Path) -> str:
+    """The aux file's hash, once per process (the same file is attached to every capture it fits)."""
+    return file_sha256(path)
 
 
 NOTICE_CODES = {
@@ -431,43 +488,28 @@ def _assumptions(ctx: Context, capture: Capture) -> list[str]:
 
 def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: Sequence[Path],
               config: AuditConfig, out_dir: Path | None = None,
-              progress: Callable[[int, int, Path], None] | None = None, jobs: int = 1) -> Report:
+              progress: Callable[[int, int, Path], None] | None = None, jobs: int = 1,
+              executor: str = "local", address: str | None = None) -> Report:
     """Audit every capture under ``captures`` against the models and aux data given; the whole report.
 
-    With ``jobs`` > 1 the captures are audited in that many worker processes (spawned, one torch thread each,
-    each loading the models and aux data once); the report keeps the captures' order either way. One capture
-    is held in memory per worker at a time, so memory does not grow with the number of captures."""
+    ``executor`` ``local`` audits in this process, or with ``jobs`` > 1 in that many worker processes (spawned,
+    the same torch thread count, each loading the models and aux data once); ``ray`` audits on a Ray cluster
+    (:mod:`gleak.executors.ray`). The report keeps the captures' order either way; captures are read one at a
+    time, so memory does not grow with their number."""
+    from gleak.executors import WorkerSetup, run_captures
+
     started = time.perf_counter()
     files = find_captures(captures)
     model_files = find_models(model_paths)
     report = Report(gleak_version=__version__, command=list(config.command), budget=config.budget,
                     fail_on=config.fail_on, seed=config.seed, device=str(resolve_device(config.device)),
-                    threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs)
-    results: list[tuple[CaptureReport, list[Finding], list[Notice]] | None] = [None] * len(files)
-    if jobs <= 1 or len(files) <= 1:
-        models = ModelSet.load(model_files, config)
-        auxes = [(p, load_dataset(p)) for p in aux_paths]
-        for i, path in enumerate(files):
-            if progress is not None:
-                progress(i, len(files), path)
-            results[i] = audit_capture(path, models, auxes, config, out_dir)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        ModelSet.load(model_files, config)  # bad model files fail here, once, before any worker starts
-        for p in aux_paths:
-            load_dataset(p)
-        threads = torch.get_num_threads()
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 initializer=_worker_init,
-                                 initargs=(list(model_files), list(aux_paths), config, threads)) as pool:
-            futures = {pool.submit(_worker_audit, path, out_dir): i for i, path in enumerate(files)}
-            for done, future in enumerate(as_completed(futures)):
-                i = futures[future]
-                results[i] = future.result()
-                if progress is not None:
-                    progress(done, len(files), files[i])
+                    threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs, executor=executor)
+    setup = WorkerSetup(tuple(model_files), tuple(aux_paths), config, torch.get_num_threads())
+    results: list[CaptureResult | None] = [None] * len(files)
+    for done, (i, result) in enumerate(run_captures(files, setup, out_dir, executor, jobs, address)):
+        results[i] = result
+        if progress is not None:
+            progress(done, len(files), files[i])
     for entry in results:
         assert entry is not None
         report.captures.append(entry[0])
@@ -475,18 +517,3 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
         report.notices += entry[2]
     report.seconds = round(time.perf_counter() - started, 3)
     return report
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_init(model_files: list[Path], aux_paths: list[Path], config: AuditConfig, threads: int) -> None:
-    """A worker process: the same thread count as the parent, the models and aux data loaded once."""
-    torch.set_num_threads(threads)
-    _WORKER["models"] = ModelSet.load(model_files, config)
-    _WORKER["auxes"] = [(p, load_dataset(p)) for p in aux_paths]
-    _WORKER["config"] = config
-
-
-def _worker_audit(path: Path, out_dir: Path | None) -> tuple[CaptureReport, list[Finding], list[Notice]]:
-    return audit_capture(path, _WORKER["models"], _WORKER["auxes"], _WORKER["config"], out_dir)

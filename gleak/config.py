@@ -31,6 +31,8 @@ class AuditFileSettings(BaseModel):
     format: str | None = None
     lpips: Literal["alex", "vgg", "off"] | None = None
     jobs: int | None = Field(None, ge=1, le=256)
+    executor: Literal["local", "ray"] | None = None
+    address: str | None = None
     model: list[str] | None = None
     aux: list[str] | None = None
     threshold: dict[str, float] | None = None

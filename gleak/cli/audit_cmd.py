@@ -102,7 +102,13 @@ def audit(
                                                         "README, 'Audit in CI').")] = None,
     lpips: Annotated[str, typer.Option(help="LPIPS network for image scores: alex, vgg or off.")] = "alex",
     jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", callback=number(1, MAX_JOBS),
-                                      help="Audit this many captures at once, in worker processes.")] = 1,
+                                      help="Audit this many captures at once, in worker processes (with "
+                                      "--executor ray: Ray workers; 1 means one per cluster CPU).")] = 1,
+    executor: Annotated[str, typer.Option("--executor", envvar="GLEAK_EXECUTOR", help="local (this machine's "
+                                          "processes) or ray (a Ray cluster; pip install 'gleak[ray]').")] = "local",
+    address: Annotated[str | None, typer.Option("--address", envvar="GLEAK_RAY_ADDRESS", help="Ray cluster "
+                                                "address (--executor ray; default: RAY_ADDRESS, else a local "
+                                                "Ray instance for this run).")] = None,
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
@@ -125,7 +131,8 @@ def audit(
 
     loaded = find_config(config_file)
     given = {"budget": budget, "fail_on": fail_on, "format": format, "lpips": lpips, "jobs": jobs, "seed": seed,
-             "device": device, "model": model, "aux": aux, "threshold": threshold, "option": option}
+             "device": device, "model": model, "aux": aux, "threshold": threshold, "option": option,
+             "executor": executor, "address": address}
     effective, sources = merge_config(ctx, given, loaded)
     if show_config:
         if parse_formats(effective["format"]) == ["json"]:
@@ -137,6 +144,13 @@ def audit(
     budget, fail_on, format, lpips = effective["budget"], effective["fail_on"], effective["format"], effective["lpips"]
     jobs, seed, device = effective["jobs"], effective["seed"], effective["device"]
     model, aux, threshold = effective["model"], effective["aux"], effective["threshold"]
+    executor, address = effective["executor"], effective["address"]
+    from gleak.executors import EXECUTORS
+
+    if executor not in EXECUTORS:
+        raise GleakError(f"--executor must be one of {', '.join(EXECUTORS)}, got {shorten(repr(executor), 40)}")
+    if address is not None and executor != "ray":
+        raise GleakError("--address is the Ray cluster's address: use it with --executor ray")
     from gleak.attacks.options import parse_option_assignments, resolve_assignments
 
     assignments = parse_option_assignments(effective["option"] or [])
@@ -165,7 +179,7 @@ def audit(
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])
     report = _run(list(paths), list(model), list(aux or []), config, output, jobs,
-                  show=not quiet and "table" in formats)
+                  show=not quiet and "table" in formats, executor=executor, address=address)
     if output is not None:
         from gleak.io import OutputSet
 
@@ -193,13 +207,13 @@ def audit(
         raise typer.Exit(1)
 
 
-OPTION_KEYS = ("budget", "fail_on", "format", "lpips", "jobs", "seed", "device", "model", "aux", "threshold",
-               "option")
+OPTION_KEYS = ("budget", "fail_on", "format", "lpips", "jobs", "executor", "address", "seed", "device", "model",
+               "aux", "threshold", "option")
 
 
 def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """Flags > GLEAK_* environment > config file > defaults: the effective values and where each came from."""
-    from typer._click.core import ParameterSource
+    from gleak.cli.common import ParameterSource
 
     effective: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -241,27 +255,27 @@ def render_config(effective: dict[str, Any], sources: dict[str, str]) -> None:
 
 
 def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, output: Path | None, jobs: int,
-         show: bool) -> Report:
+         show: bool, executor: str = "local", address: str | None = None) -> Report:
     """run_audit under a Rich progress bar on a terminal, or one plain line per capture (CI logs)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from gleak.audit import run_audit
 
     if not show:
-        return run_audit(paths, model, aux, config, output, None, jobs)
+        return run_audit(paths, model, aux, config, output, None, jobs, executor, address)
     if not err_console.is_terminal:
         def line(i: int, total: int, path: Path) -> None:
             err_console.print(f"({i + 1}/{total}) {escape(str(path))}", soft_wrap=True, highlight=False)
 
-        return run_audit(paths, model, aux, config, output, line, jobs)
+        return run_audit(paths, model, aux, config, output, line, jobs, executor, address)
     with Progress(TextColumn("[bold]audit"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("", total=None)
 
         def update(i: int, total: int, path: Path) -> None:
-            bar.update(task, total=total, completed=i + (jobs > 1), description=escape(path.name))
+            bar.update(task, total=total, completed=i + 1, description=escape(path.name))
 
-        return run_audit(paths, model, aux, config, output, update, jobs)
+        return run_audit(paths, model, aux, config, output, update, jobs, executor, address)
 
 
 def _check_output_dir(folder: Path, formats: list[str], force: bool) -> None:

@@ -20,11 +20,18 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer._click import exceptions as click_exceptions
-from typer._click import globals as click_globals
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from gleak.errors import GleakError, shorten
+
+try:  # typer ≥ 0.22 vendors click as typer._click; older typer (flwr pins < 0.21) uses click itself
+    from typer._click import exceptions as click_exceptions
+    from typer._click import globals as click_globals
+    from typer._click.core import ParameterSource as ParameterSource
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as click_exceptions  # type: ignore[no-redef,unused-ignore]
+    from click import globals as click_globals  # type: ignore[no-redef,unused-ignore]
+    from click.core import ParameterSource as ParameterSource  # type: ignore[assignment,no-redef,unused-ignore]
 
 if TYPE_CHECKING:
     import torch

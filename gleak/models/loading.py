@@ -586,3 +586,26 @@ def save_model(
             _parse_shape(value, f"metadata {META_INPUT_SHAPE}")
         meta[key] = value
     return save_safetensors(target, state, meta, force=force)
+
+
+def model_from_state(
+    template: nn.Module | str,
+    state: Mapping[str, torch.Tensor],
+    arch_kwargs: Mapping[str, Any] | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    source: str = "in-memory weights",
+) -> LoadedModel:
+    """A :class:`LoadedModel` from weights in memory (e.g. a round's global model on an FL server):
+    ``template`` is an arch spec (as ``--arch``) or a module of the right architecture (copied, not changed)."""
+    import copy
+
+    if isinstance(template, str):
+        kwargs = parse_arch_kwargs(arch_kwargs)
+        module, arch = build_arch(template, kwargs), template
+        input_shape = input_shape or arch_input_shape(template, kwargs)
+    else:
+        module, arch, kwargs = copy.deepcopy(template), None, {}
+    load_state_dict_strict(module, state, source)
+    _set_eval(module)
+    return LoadedModel(module=module, source=source, arch=arch, arch_kwargs=kwargs, input_shape=input_shape,
+                       weights_sha256=tensors_sha256(module.state_dict()))

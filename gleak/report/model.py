@@ -107,6 +107,8 @@ class CaptureReport(_Model):
     attacks: list[AttackEntry] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list, description="planned work left out, and why")
     seconds: float = 0.0
+    stage_seconds: dict[str, float] | None = Field(None, description="where the time went: load (files, hashes), "
+                                                   "context, labels, reconstruction")
 
 
 class Thresholds(_Model):
@@ -136,6 +138,7 @@ class Report(_Model):
     device: str = "cpu"
     threads: int | None = None
     jobs: int = 1
+    executor: Literal["local", "ray"] = "local"
     thresholds: Thresholds = Field(default_factory=Thresholds)
     captures: list[CaptureReport] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list)

@@ -1,0 +1,42 @@
+"""Where ``gleak audit`` audits its captures: ``local`` (this process, or ``--jobs N`` worker processes) or
+``ray`` (a Ray cluster, ``pip install gleak[ray]``). Every executor takes the capture paths one at a time and
+yields ``(index, result)`` as results arrive, so the caller streams them into one report and memory does not
+grow with the number of captures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gleak.errors import GleakError
+
+if TYPE_CHECKING:
+    from gleak.audit import AuditConfig, CaptureResult
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What every worker loads once: the model files, the auxiliary data, the config, torch's thread count."""
+
+    model_files: tuple[Path, ...]
+    aux_paths: tuple[Path, ...]
+    config: AuditConfig
+    threads: int
+
+
+def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, executor: str = "local",
+                 jobs: int = 1, address: str | None = None) -> Iterator[tuple[int, CaptureResult]]:
+    """Audit ``files`` on ``executor``; yields ``(index into files, result)`` in completion order."""
+    if executor == "local":
+        from gleak.executors.local import run_local
+
+        return run_local(files, setup, out_dir, jobs)
+    if executor == "ray":
+        from gleak.executors.ray import run_ray
+
+        return run_ray(files, setup, out_dir, jobs, address)
+    raise GleakError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")

@@ -1,0 +1,137 @@
+"""The Ray executor (``gleak audit --executor ray [--address ADDR]``; ``pip install gleak[ray]``).
+
+The models and auxiliary data are loaded once here and put in Ray's object store once; one actor per worker
+(``--jobs``, default one per CPU of the cluster) takes them from there once, then audits captures by path, one
+task per capture, at most two in flight per actor, results streamed back as they finish. Workers read the
+captures (and write image grids) at the paths given: on a multi-machine cluster use a shared filesystem.
+Without ``--address`` (and without ``RAY_ADDRESS``) a local Ray instance is started for the run and stopped
+after it."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gleak.errors import GleakError, shorten
+
+if TYPE_CHECKING:
+    from gleak.audit import CaptureResult
+    from gleak.executors import WorkerSetup
+
+LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # a local instance: enough for the models, fits a small /dev/shm
+IN_FLIGHT_PER_WORKER = 2
+
+
+class AuditActor:
+    """One Ray worker: the models and aux data from the object store, taken once; then one capture per call."""
+
+    def __init__(self, shared: tuple[Any, Any, Any], threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.models, self.auxes, self.config = shared
+
+    def audit(self, path: Path, out_dir: Path | None) -> CaptureResult:
+        from gleak.audit import audit_capture
+
+        return audit_capture(path, self.models, self.auxes, self.config, out_dir)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise GleakError("--executor ray needs Ray: pip install 'gleak[ray]'") from None
+    return ray
+
+
+def run_ray(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, jobs: int,
+            address: str | None) -> Iterator[tuple[int, CaptureResult]]:
+    from gleak.audit import ModelSet
+    from gleak.data import load_dataset
+
+    ray = _import_ray()
+    models = ModelSet.load(setup.model_files, setup.config)  # bad inputs fail here, before Ray starts
+    auxes = [(p, load_dataset(p)) for p in setup.aux_paths]
+    started_here = not ray.is_initialized()
+    if started_here:
+        _init(ray, address, jobs)
+    actors: list[Any] = []
+    try:
+        try:
+            shared = ray.put((models, auxes, setup.config))
+        except Exception as e:  # e.g. a model object that cannot be pickled
+            raise GleakError(f"cannot send the models and aux data to Ray workers: {shorten(str(e), 200)}") from None
+        del models, auxes
+        workers = jobs if jobs > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
+        remote = ray.remote(num_cpus=1)(AuditActor)
+        actors = [remote.remote(shared, setup.threads) for _ in range(workers)]
+        yield from _stream(ray, actors, files, out_dir)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        if started_here:
+            ray.shutdown()
+
+
+def _init(ray: Any, address: str | None, jobs: int) -> None:
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address is None and not os.environ.get("RAY_ADDRESS"):  # a local instance, sized for this run
+        kwargs.update(num_cpus=jobs if jobs > 1 else os.cpu_count() or 1,
+                      object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    if address is not None:
+        _check_reachable(address)
+    try:
+        with warnings.catch_warnings():  # Ray's notice about accelerator variables: nothing for the user to do
+            warnings.simplefilter("ignore", FutureWarning)
+            ray.init(address=address, **kwargs)
+    except (Exception, SystemExit) as e:  # ConnectionError, a bad address, no cluster there
+        where = f"at {address}" if address else "locally"
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise GleakError(f"could not start or reach Ray {where}: {shorten(why, 200)}") from None
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail in seconds, not after Ray's minute of retries, when nothing listens at ``host:port``."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or address == "auto":
+        return  # "auto", or a form Ray resolves itself
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise GleakError(f"could not start or reach Ray at {address}: {e.strerror or e}") from None
+
+
+def _stream(ray: Any, actors: list[Any], files: Sequence[Path],
+            out_dir: Path | None) -> Iterator[tuple[int, CaptureResult]]:
+    """Keep at most IN_FLIGHT_PER_WORKER captures queued per actor; yield each result as it finishes."""
+    pending: dict[Any, tuple[int, Any]] = {}
+    queue = iter(enumerate(files))
+    load = dict.fromkeys(range(len(actors)), 0)
+
+    def submit() -> bool:
+        nxt = next(queue, None)
+        if nxt is None:
+            return False
+        slot = min(load, key=load.__getitem__)
+        load[slot] += 1
+        pending[actors[slot].audit.remote(nxt[1], out_dir)] = (nxt[0], slot)
+        return True
+
+    for _ in range(IN_FLIGHT_PER_WORKER * len(actors)):
+        if not submit():
+            break
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        ref = done[0]
+        i, slot = pending.pop(ref)
+        load[slot] -= 1
+        yield i, ray.get(ref)
+        submit()

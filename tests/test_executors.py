@@ -1,0 +1,79 @@
+"""Where audits run: the shared aux-forward cache changes nothing, the local pool streams, and Ray (marked
+``integration``: a local Ray instance with 2 CPUs) gives the same report as the local executor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gleak.audit import AuditConfig, ModelSet, audit_capture
+from gleak.data import load_dataset
+
+from .conftest import LENET, MNIST_AUX, SAMPLES
+
+
+def _counts(result) -> list:  # type: ignore[no-untyped-def]
+    return [(a.attack, a.status, a.counts) for a in result[0].attacks]
+
+
+def test_the_shared_aux_forwards_give_the_same_results_as_fresh_ones() -> None:
+    config = AuditConfig(lpips="off")
+    auxes = [(MNIST_AUX, load_dataset(MNIST_AUX))]
+    captures = [SAMPLES / "captures" / n for n in ("fedsgd_b32.safetensors", "fedsgd_b8.safetensors",
+                                                     "fedavg_m10.safetensors")]
+    shared = ModelSet.load([LENET], config)
+    together = [audit_capture(p, shared, auxes, config) for p in captures]
+    alone = [audit_capture(p, ModelSet.load([LENET], config), auxes, config) for p in captures]
+    assert [_counts(r) for r in together] == [_counts(r) for r in alone]
+    assert len(shared.forward_cache) == 1  # one model, one aux set, one forward mode: computed once
+    assert all(r[0].stage_seconds and set(r[0].stage_seconds) == {"load", "context", "labels", "reconstruction"}
+               for r in together)
+
+
+def test_executor_and_address_mistakes_are_one_line_and_exit_2(gleak) -> None:
+    base = ("audit", SAMPLES / "captures" / "fedsgd_b8.safetensors", "-M", LENET)
+    r = gleak(*base, "--executor", "spark")
+    assert r.exit_code == 2 and "--executor must be one of local, ray" in r.stderr
+    r = gleak(*base, "--address", "ray://head:10001")
+    assert r.exit_code == 2 and "use it with --executor ray" in r.stderr
+
+
+@pytest.mark.integration
+def test_ray_gives_the_same_report_as_local(gleak, tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray", reason="gleak[ray] not installed")
+    folder = tmp_path / "caps"
+    folder.mkdir()
+    for name in ("fedsgd_b8", "fedsgd_b32", "fedavg_m10"):
+        for suffix in (".safetensors", ".truth.safetensors"):
+            shutil.copy(SAMPLES / "captures" / f"{name}{suffix}", folder / f"{name}{suffix}")
+    args = ("audit", folder, "-M", SAMPLES / "models", "--aux", MNIST_AUX, "--lpips", "off", "--format", "json")
+    local = json.loads(gleak(*args).stdout)
+    on_ray = gleak(*args, "--executor", "ray", "--jobs", "2")
+    assert on_ray.exit_code == 1, on_ray.stderr  # they leak: the same verdict
+    remote = json.loads(on_ray.stdout)
+    assert remote["executor"] == "ray" and local["executor"] == "local"
+    assert remote["findings"] == local["findings"]
+    for a, b in zip(local["captures"], remote["captures"], strict=True):  # same order, same counts
+        assert a["capture"] == b["capture"]
+        assert [x["counts"] for x in a["attacks"]] == [x["counts"] for x in b["attacks"]]
+    assert not ray.is_initialized()  # the local instance started for the run was stopped
+
+
+@pytest.mark.integration
+def test_an_unreachable_ray_cluster_is_one_line_and_exit_2(gleak) -> None:
+    pytest.importorskip("ray", reason="gleak[ray] not installed")
+    r = gleak("audit", SAMPLES / "captures" / "fedsgd_b8.safetensors", "-M", LENET, "--executor", "ray",
+              "--address", "127.0.0.1:1")
+    assert r.exit_code == 2 and "could not start or reach Ray at 127.0.0.1:1" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_ray_executor_without_ray_says_how_to_install_it(gleak, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
+    r = gleak("audit", SAMPLES / "captures" / "fedsgd_b8.safetensors", "-M", LENET, "--executor", "ray")
+    assert r.exit_code == 2 and "pip install 'gleak[ray]'" in r.stderr and "Traceback" not in r.stderr
