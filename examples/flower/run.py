@@ -60,14 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     timings = captures / "gleak-mod.jsonl" if captures is not None else None
     if timings is not None and timings.exists():
         import json
+        import statistics
 
         rows = [json.loads(line) for line in timings.read_text().splitlines()]
-        train = sum(r["train_seconds"] for r in rows)
-        added = sum(r["blocking_seconds"] for r in rows)
-        written = sum(r["write_seconds"] for r in rows)
-        print(f"gleak mod: {len(rows)} updates captured; it held each client round {1000 * added / len(rows):.2f} ms "
-              f"({100 * added / train:.1f} % of the clients' own {1000 * train / len(rows):.0f} ms) and wrote each "
-              f"capture in {1000 * written / len(rows):.1f} ms in its writer thread")
+        train = statistics.median(r["train_seconds"] for r in rows)
+        held = statistics.median(r["blocking_seconds"] for r in rows)
+        share = statistics.median(r["blocking_seconds"] / r["train_seconds"] for r in rows)
+        written = statistics.median(r["write_seconds"] for r in rows)
+        print(f"gleak mod: {len(rows)} updates captured; medians: it held a client's round {1000 * held:.2f} ms "
+              f"({100 * share:.1f} % of the client's own {1000 * train:.0f} ms) and wrote a capture in "
+              f"{1000 * written:.1f} ms in its writer thread")
     return 0
 
 

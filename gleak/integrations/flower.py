@@ -462,6 +462,9 @@ class GleakAuditStrategy(Strategy):
             for line in lines:
                 out.write(json.dumps(line, sort_keys=True) + "\n")
         self.rounds[server_round] = lines
+        ran = sorted({a["attack"] for line in lines for a in line.get("attacks", []) if a["status"] == "ok"})
+        recovered = sum(any(a["status"] == "ok" for a in line.get("attacks", [])) for line in lines)
         agreeing = sum(any(f.get("rule") == "GLEAK-LABELS-AGREE" for f in line.get("findings", [])) for line in lines)
-        log.info("gleak: round %s: %d replies audited; label attacks agree on the counts for %d of them "
-                 "(%s)", server_round, len(lines), agreeing, self.log_path)
+        log.info("gleak: round %s: %d replies audited; label counts recovered from %d (%s), independent attacks "
+                 "agree on %d; details in %s", server_round, len(lines), recovered, ", ".join(ran) or "no attack "
+                 "applied", agreeing, self.log_path)
