@@ -4,6 +4,8 @@
     python bench/labels.py --trials 5      # quicker
     python bench/labels.py --speed         # only the C = 1000, d = 2048 timing of the analytic attacks
     python bench/labels.py --suite updates # one suite: gradients, updates, losses, aux
+    python bench/labels.py --suite trained # trained models (≈50/80/90/98 %): B 8/32/128, gradients and  (hours)
+                                           # m = 1/5/10 SGD and momentum updates, uniform and Dirichlet(0.5)
 
 Every trial draws a fresh untrained model (its own seed) and a fresh client batch from
 ``samples/data/mnist_client.safetensors``; auxiliary statistics come from ``samples/data/mnist_aux``.
@@ -43,8 +45,11 @@ class ModelSpec:
     arch: str
     kwargs: dict
     trained_file: str | None = None
+    loaded: LoadedModel | None = None  # a model trained by this script (the trained suite)
 
     def build(self, seed: int) -> LoadedModel:
+        if self.loaded is not None:
+            return self.loaded
         if self.trained_file:
             return load_model(ROOT / self.trained_file)
         torch.manual_seed(seed)
@@ -61,6 +66,57 @@ MODELS = [
 ]
 SETTINGS = [(1, "uniform"), (8, "uniform"), (8, "unique"), (8, "unbalanced"), (32, "uniform"),
             (32, "unbalanced"), (128, "uniform"), (128, "unbalanced")]
+
+
+def accuracy(model: nn.Module, data) -> float:  # type: ignore[no-untyped-def]
+    x, y = data.batch(range(len(data)))
+    with torch.no_grad():
+        return float((model.eval()(x).argmax(1) == y).float().mean())
+
+
+def train_to(model: nn.Module, train, test, target: float, lr: float, seed: int = 0) -> tuple[float, int]:  # type: ignore[no-untyped-def]
+    """SGD (momentum 0.9, batches of 64) on ``train`` until ``test`` accuracy reaches ``target``."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for step in range(1, 20_000):
+        x, y = train.batch(torch.randint(len(train), (64,), generator=gen))
+        model.train()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if accuracy(model, test) >= target:
+            return accuracy(model, test), step
+    return accuracy(model, test), step
+
+
+def trained_models(train, aux) -> list[ModelSpec]:  # type: ignore[no-untyped-def]
+    """≈50 % and ≈90 % LeNet-5s trained here on one half of the shipped client data (batches come from the other
+    half), and the shipped 82 % and 98.7 % models (trained on MNIST's 50k training images); accuracy on the
+    shipped aux digits (MNIST's validation split), which no model trained on."""
+    specs = []
+    torch.manual_seed(0)
+    model = build_zoo_model("lenet", activation="relu")
+    for target, lr in ((0.50, 0.003), (0.90, 0.02)):
+        acc, steps = train_to(model, train, aux, target, lr)
+        copy = build_zoo_model("lenet", activation="relu")
+        copy.load_state_dict(model.state_dict())
+        copy.eval()
+        loaded = LoadedModel(copy, "bench", "lenet", {"activation": "relu"}, (1, 28, 28), "", {})
+        specs.append(ModelSpec(f"LeNet-5 {100 * acc:.0f}% (here, {steps} steps)", "lenet", {}, loaded=loaded))
+        print(f"trained a LeNet-5 to {acc:.3f} on the aux digits in {steps} steps", flush=True)
+    for name in ("lenet_mnist80", "lenet_mnist98"):
+        loaded = load_model(ROOT / f"samples/models/{name}.safetensors")
+        specs.append(ModelSpec(f"LeNet-5 {100 * accuracy(loaded.module, aux):.0f}% (shipped {name})", "lenet", {},
+                               loaded=loaded))
+    return sorted(specs, key=lambda s: s.label)
+
+
+TRAINED_KINDS = [("gradient", {}), ("m=1 SGD", {"scheme": "fedavg"}),
+                 ("m=5 SGD", {"scheme": "fedavg", "local_steps": 5}),
+                 ("m=10 SGD", {"scheme": "fedavg", "local_steps": 10}),
+                 ("m=1 momentum", {"scheme": "fedavg", "optimizer": "sgdm"}),
+                 ("m=5 momentum", {"scheme": "fedavg", "local_steps": 5, "optimizer": "sgdm"}),
+                 ("m=10 momentum", {"scheme": "fedavg", "local_steps": 10, "optimizer": "sgdm"})]
 
 
 def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, aux, attacks) -> dict:
@@ -125,6 +181,14 @@ def suites(trials: int, which: str) -> dict[str, list[dict]]:
         out["losses (B = 32, one step)"] = [
             run_setting(label, spec, {"batch_size": 32, "loss": loss}, trials, client, aux100, attacks)
             for spec in (MODELS[1], MODELS[2]) for label, loss in losses]
+    if which == "trained":  # not part of "all": 168 settings, about 2.5 hours at 20 trials on one core
+        order = torch.randperm(len(client), generator=torch.Generator().manual_seed(0))
+        train, held_out = client.subset(order[: len(client) // 2]), client.subset(order[len(client) // 2:])
+        for spec in trained_models(train, aux):
+            out[f"trained: {spec.label}"] = [
+                run_setting(f"B={b} {kind} {comp}", spec, {"batch_size": b, "composition": comp, **cfg}, trials,
+                            held_out, aux100, attacks)
+                for b in (8, 32, 128) for kind, cfg in TRAINED_KINDS for comp in ("uniform", "dirichlet")]
     if which in ("all", "aux"):
         rows = []
         for label, cfg in (("B=32 m=1", {"batch_size": 32}),
@@ -207,10 +271,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="gleak label-recovery benchmark")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--speed", action="store_true", help="only the C = 1000 timing")
-    parser.add_argument("--suite", default="all", choices=["all", "gradients", "updates", "losses", "aux"])
+    parser.add_argument("--suite", default="all",
+                        choices=["all", "gradients", "updates", "losses", "aux", "trained"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    speed = speed_check()
+    speed = speed_check() if args.speed or args.suite == "all" else None
     if args.speed:
         return
     start = time.time()

@@ -88,6 +88,7 @@ class AttackResult:
     warnings: list[str] = field(default_factory=list)
     scores: dict[str, float] | None = None
     options: dict[str, Any] | None = None
+    confidence: dict[str, Any] | None = None  # label attacks: calibrated intervals (attacks.labels.confidence)
 
     @property
     def labels(self) -> LabelOutput:
@@ -120,6 +121,8 @@ class AttackResult:
         out["warnings"] = self.warnings
         if self.scores is not None:
             out["scores"] = {k: round(v, 6) for k, v in self.scores.items()}
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
         return out
 
 

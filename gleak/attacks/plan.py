@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -21,9 +22,11 @@ def select_attacks(task: str, names: Sequence[str] | None) -> list[Attack]:
 
 def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: torch.Tensor | None = None,
                       progress: Callable[[str], None] | None = None,
-                      truth_soft: torch.Tensor | None = None) -> list[AttackResult]:
+                      truth_soft: torch.Tensor | None = None, confidence: int = 0,
+                      confidence_cache: dict[Any, Any] | None = None) -> list[AttackResult]:
     """Run each attack; with true per-class counts (and, for one example, its true soft label) score every
-    successful result."""
+    successful result. With ``confidence`` = K > 0, calibrate each successful attack on K simulated batches
+    (:mod:`gleak.attacks.labels.confidence`): 90 % count intervals, expected and chance iAcc, informative or not."""
     if truth_counts is not None and len(truth_counts) != ctx.num_classes:
         raise GleakError(f"ground truth has {len(truth_counts)} classes, the model {ctx.num_classes}")
     if truth_counts is not None and ctx.total_examples and int(truth_counts.sum()) != ctx.total_examples:
@@ -39,4 +42,27 @@ def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: tor
             if truth_soft is not None and out.soft_label is not None:
                 result.scores.update(soft_label_scores(out.soft_label, truth_soft))
         results.append(result)
+    if confidence > 0:
+        _attach_confidence(ctx, attacks, results, confidence, confidence_cache)
     return results
+
+
+def _attach_confidence(ctx: Context, attacks: Sequence[Attack], results: list[AttackResult], simulations: int,
+                       cache: dict[Any, Any] | None) -> None:
+    from gleak.attacks.labels.confidence import calibrate
+
+    ran = [a for a, r in zip(attacks, results, strict=True) if r.status == "ok" and r.output is not None]
+    calibrated, why = calibrate(ctx, ran, simulations=simulations, seed=ctx.seed, cache=cache)
+    for result in results:
+        if result.status != "ok" or result.output is None:
+            continue
+        conf = calibrated.get(result.attack)
+        if conf is None:
+            result.confidence = {"calibrated": False, "reason": why or "not calibrated: the attack did not run on "
+                                 "enough of the simulated batches"}
+            continue
+        result.confidence = {"calibrated": True, **conf.to_json(result.labels.counts, ctx.total_examples or 0)}
+        if not conf.informative:
+            result.warnings.append(f"uninformative: on {conf.simulations} batches simulated like this one it scores "
+                                   f"iAcc {conf.expected_iacc:.3f}, no better than chance ({conf.chance_iacc:.3f}); "
+                                   "its counts are not evidence of a leak")

@@ -80,6 +80,10 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
     table.add_column("attack", style="bold")
     table.add_column("recovered (class×count)", overflow="fold")
     table.add_column("time", justify="right")
+    calibrated = any(r.confidence for r in results)
+    if calibrated:
+        table.add_column("90 % ±", justify="right")
+        table.add_column("expected/chance", justify="right")
     if scored:
         for col in ("iAcc", "cAcc", "exact", "chance"):
             table.add_column(col, justify="right")
@@ -89,9 +93,18 @@ def render(data: dict[str, Any], results: list[AttackResult]) -> None:
             label = {"not_applicable": "[yellow]not applicable[/]", "error": "[red]error[/]"}.get(
                 r.status, "[red]failed[/]")
             reasons.setdefault(f"{label}: {r.reason}", []).append(r.attack)
-            table.add_row(f"[dim]{r.attack}[/]", label, "", *([""] * 4 if scored else []))
+            table.add_row(f"[dim]{r.attack}[/]", label, "", *([""] * 2 if calibrated else []),
+                          *([""] * 4 if scored else []))
             continue
         cells = [r.attack + (" [yellow]⚠[/]" if r.warnings else ""), compact(r.labels.counts), _time(r.seconds)]
+        if calibrated:
+            c = r.confidence or {}
+            if c.get("calibrated"):
+                style = "" if c["informative"] else "[red]"
+                cells += [f"{c['half_width']}", f"{style}{c['expected_iacc']:.2f}/{c['chance_iacc']:.2f}"
+                          + ("[/]" if style else "")]
+            else:
+                cells += ["—", "[dim]not calibrated[/]"]
         if scored and r.scores:
             s = r.scores
             colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
@@ -169,6 +182,9 @@ def labels(
     augmentation: Annotated[str | None, typer.Option(help="softlabel: auto (try both, the default), smoothing or "
                                                      "mixup (the option softlabel.augmentation).")] = None,
     option: AttackOptionsOpt = None,
+    confidence: Annotated[int, typer.Option("--confidence", callback=number(0, 1000), help="Calibrate each attack "
+                                            "on this many batches simulated from --aux with the capture's settings: "
+                                            "90 % count intervals, expected vs chance iAcc (0: off).")] = 0,
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here.")] = None,
     arch: ArchOpt = None,
@@ -216,7 +232,7 @@ def labels(
             labels_[0], inputs.ctx.num_classes).double()
     for a in chosen:
         a.configure({**(flags if a.name == "softlabel" else {}), **assignments.get(a.name, {})}, sources)
-    results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft)
+    results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft, confidence)
     data = labels_report(inputs, results, counts)
     data["truth_soft_label"] = truth_soft.tolist() if truth_soft is not None else None
     ran = {r.attack for r in results if r.status == "ok"}

@@ -213,6 +213,9 @@ class LabelResult(_Model):
     diagnostics: dict[str, Any] | None = None
     warnings: list[str]
     scores: dict[str, float] | None = Field(None, description="against the ground truth, when known")
+    confidence: dict[str, Any] | None = Field(None, description="with --confidence: calibrated on simulated batches "
+                                              "(level, half_width, intervals, expected_iacc, chance_iacc, "
+                                              "informative, simulations), or why not")
 
 
 class CommandReport(_Model):

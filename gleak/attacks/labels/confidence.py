@@ -1,0 +1,146 @@
+"""How sure a label attack is, measured rather than assumed: split-conformal count intervals from self-simulation.
+
+For one capture, gleak simulates ``K`` client contributions with the capture's own settings (the global model, B,
+m, learning rate, optimizer, loss, train/eval mode) on batches drawn from the auxiliary data — half with uniform
+labels, half Dirichlet(0.5)-skewed, as non-IID clients are — runs each label attack on them, and measures its
+errors against the simulated truth:
+
+* ``half_width`` q: the conformal quantile of |n̂_j − n_j| over the K·C simulated (batch, class) pairs, so that
+  [n̂_j − q, n̂_j + q] holds the true count with probability ≥ ``level`` when the real batch is drawn like the
+  simulated ones (Vovk, Gammerman & Shafer, 2005; the split-conformal rule of Lei et al., JASA 2018);
+* ``expected_iacc`` and ``chance_iacc``: the attack's mean iAcc on the simulated batches and the mean chance iAcc
+  of the same batches; ``informative`` is False unless the attack beats chance by more than two standard errors.
+  An uninformative attack's counts are no evidence of a leak, whatever they look like.
+
+The calibration depends on the model and the settings, not on the captured values, so it is computed once per
+(model, aux data, settings) and reused for every capture that shares them (``cache``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gleak.attacks.base import Attack, run_attack
+from gleak.attacks.context import Context
+from gleak.errors import GleakError
+
+LEVEL = 0.9
+SIMULATIONS = 24
+CACHE_ENTRIES = 16
+
+
+@dataclass
+class Confidence:
+    """One attack's calibration for one (model, aux data, settings)."""
+
+    level: float
+    half_width: int
+    expected_iacc: float
+    chance_iacc: float
+    informative: bool
+    simulations: int
+    errors: list[int] = field(default_factory=list, repr=False)  # |n̂_j − n_j| per simulated (batch, class)
+
+    def intervals(self, counts: torch.Tensor, total: int) -> list[list[int]]:
+        """[low, high] per class: n̂_j ± q, clipped to [0, total]."""
+        q = self.half_width
+        return [[max(0, int(c) - q), min(total, int(c) + q)] for c in counts.tolist()]
+
+    def to_json(self, counts: torch.Tensor | None = None, total: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"level": self.level, "half_width": self.half_width,
+                               "expected_iacc": round(self.expected_iacc, 4), "chance_iacc": round(self.chance_iacc, 4),
+                               "informative": self.informative, "simulations": self.simulations}
+        if counts is not None and total is not None:
+            out["intervals"] = self.intervals(counts, total)
+        return out
+
+
+def conformal_half_width(errors: Sequence[int], level: float) -> int:
+    """The ⌈(n + 1)·level⌉-th smallest error (split conformal); the largest possible error when n is too small."""
+    ordered = sorted(errors)
+    rank = math.ceil((len(ordered) + 1) * level)
+    if not ordered:
+        raise GleakError("no simulated errors to calibrate on")
+    return int(ordered[min(rank, len(ordered)) - 1])
+
+
+def _settings(ctx: Context) -> dict[str, Any]:
+    """The ClientConfig fields that reproduce the capture's client (without seed and composition)."""
+    cap = ctx.capture
+    update = ctx.kind == "update"
+    optimizer = cap.get("gleak.optimizer") or "sgd"
+    return {"batch_size": int(ctx.batch_size or 1), "local_steps": int(ctx.local_steps or 1),
+            "scheme": "fedavg" if update else "fedsgd",
+            "learning_rate": float(cap.get("gleak.learning_rate") or 0.01),
+            "optimizer": optimizer if update else "sgd",
+            "momentum": float(cap.value("gleak.momentum")) if update and optimizer in ("sgdm", "nag") else 0.9,
+            "weight_decay": float(cap.value("gleak.weight_decay") or 0.0) if update else 0.0,
+            "loss": ctx.loss, "train_mode": bool(cap.value("gleak.model.train_mode"))}
+
+
+def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULATIONS, level: float = LEVEL,
+              seed: int = 0, cache: dict[tuple[Any, ...], dict[str, Confidence]] | None = None,
+              ) -> tuple[dict[str, Confidence], str | None]:
+    """Each attack's :class:`Confidence` for ``ctx``'s settings, and why there is none (one line) if there is not."""
+    from gleak.io import tensors_sha256
+    from gleak.models.loading import LoadedModel
+    from gleak.simulate import ClientConfig, simulate_client
+
+    if ctx.aux is None:
+        return {}, "not calibrated: needs auxiliary data (--aux) to simulate batches like the client's"
+    if ctx.model is None or ctx.no_forward_reason:
+        return {}, f"not calibrated: {ctx.no_forward_reason or 'needs the model'}"
+    if not ctx.batch_size:
+        return {}, "not calibrated: the batch size is unknown"
+    settings = _settings(ctx)
+    names = tuple(a.name for a in attacks)
+    options = tuple(repr(a.used_options()) for a in attacks)
+    key = (ctx.capture.get("gleak.model.sha256"), id(ctx.aux), repr(sorted(settings.items())), names, repr(options),
+           simulations, level, seed)
+    if cache is not None and key in cache:
+        return cache[key], None
+    try:
+        sha = tensors_sha256(ctx.model.state_dict())
+        loaded = LoadedModel(ctx.model, "calibration", None, {}, ctx.input_shape, sha, {})
+        errors: dict[str, list[int]] = {a.name: [] for a in attacks}
+        iacc: dict[str, list[float]] = {a.name: [] for a in attacks}
+        chance: list[float] = []
+        from gleak.attacks.context import build_context
+        from gleak.metrics.labels import chance_scores, label_scores, truth_counts
+
+        for i in range(simulations):
+            config = ClientConfig(**settings, composition="dirichlet" if i % 2 else "uniform", seed=seed + 7919 * i)
+            capture, truth = simulate_client(ctx.model, ctx.aux, config)
+            sim = build_context(capture, loaded, ctx.aux, ctx.device, seed + i, ctx.layer.name, loss=ctx.loss)
+            true = truth_counts(truth.labels, ctx.num_classes)
+            chance.append(chance_scores(true)["iacc"])
+            for attack in attacks:
+                result = run_attack(attack, sim)
+                if result.status != "ok":
+                    continue
+                counts = result.labels.counts
+                errors[attack.name] += (counts - true).abs().tolist()
+                iacc[attack.name].append(label_scores(counts, true)["iacc"])
+    except GleakError as e:
+        return {}, f"not calibrated: simulating the client failed ({e})"
+    out: dict[str, Confidence] = {}
+    for attack in attacks:
+        got = iacc[attack.name]
+        if len(got) < max(2, simulations // 2):
+            continue  # the attack rarely runs in these settings: no calibration rather than a weak one
+        margin = [a - c for a, c in zip(got, chance, strict=False)]
+        spread = statistics.stdev(margin) if len(margin) > 1 else 0.0
+        informative = statistics.fmean(margin) > 2 * spread / math.sqrt(len(margin)) and statistics.fmean(margin) > 0
+        out[attack.name] = Confidence(level, conformal_half_width(errors[attack.name], level), statistics.fmean(got),
+                                      statistics.fmean(chance), informative, len(got), errors[attack.name])
+    if cache is not None:
+        if len(cache) >= CACHE_ENTRIES:
+            cache.pop(next(iter(cache)))
+        cache[key] = out
+    return out, None
