@@ -149,7 +149,7 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
     return row
 
 
-def suites(trials: int, which: str) -> dict[str, list[dict]]:
+def suites(trials: int, which: str, only: str | None = None) -> dict[str, list[dict]]:
     client = load_dataset(ROOT / "samples/data/mnist_client.safetensors")
     aux = load_dataset(ROOT / "samples/data/mnist_aux.safetensors")
     aux100 = aux.subset(torch.cat([torch.nonzero(aux.labels == c).flatten()[:100] for c in range(10)]))
@@ -185,6 +185,8 @@ def suites(trials: int, which: str) -> dict[str, list[dict]]:
         order = torch.randperm(len(client), generator=torch.Generator().manual_seed(0))
         train, held_out = client.subset(order[: len(client) // 2]), client.subset(order[len(client) // 2:])
         for spec in trained_models(train, aux):
+            if only is not None and not any(part in spec.label for part in only.split(",")):
+                continue
             out[f"trained: {spec.label}"] = [
                 run_setting(f"B={b} {kind} {comp}", spec, {"batch_size": b, "composition": comp, **cfg}, trials,
                             held_out, aux100, attacks)
@@ -274,12 +276,14 @@ def main() -> None:
     parser.add_argument("--suite", default="all",
                         choices=["all", "gradients", "updates", "losses", "aux", "trained"])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--models", default=None, help="trained suite: only models whose label contains one of "
+                        "these comma-separated strings (e.g. 51%%,81%%), to split the run across processes")
     args = parser.parse_args()
     speed = speed_check() if args.speed or args.suite == "all" else None
     if args.speed:
         return
     start = time.time()
-    results = suites(args.trials, args.suite)
+    results = suites(args.trials, args.suite, args.models)
     text = markdown(results, args.trials, speed)
     out = args.out or ROOT / f"bench/results/labels{'' if args.suite == 'all' else '-' + args.suite}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
