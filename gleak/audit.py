@@ -79,6 +79,7 @@ class AuditConfig:
     arch_kwargs: str | None = None
     command: list[str] = field(default_factory=list)
     options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
+    confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGETS:
@@ -168,7 +169,8 @@ def _entry(result: AttackResult, task: str, scores: dict[str, float | None] | No
             soft = [float(v) for v in result.labels.soft_label.tolist()]
     return AttackEntry(attack=result.attack, task=task, status=result.status,
                        seconds=round(result.seconds, 4), reason=result.reason, counts=counts, soft_label=soft,
-                       scores=scores, options=options or result.options or {}, warnings=list(result.warnings))
+                       scores=scores, options=options or result.options or {}, warnings=list(result.warnings),
+                       confidence=result.confidence)
 
 
 def _label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
@@ -205,6 +207,9 @@ def _label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
             measured=a.scores["soft_l1"], metric="soft_l1", threshold=1e-3,  # type: ignore[index]
             detail="success criterion of Wang, Liang & He (ICLR 2024): L1 distance below 1e-3"))
     if not scored:
+        expected = _expected_finding(report, th)
+        if expected is not None:
+            findings.append(expected)
         ok = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.counts is not None]
         groups: dict[tuple[int, ...], list[str]] = {}
         for a in ok:
@@ -217,6 +222,34 @@ def _label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
                 measured=round(len(agreeing) / len(ok), 4), metric="agreement",
                 detail=f"{', '.join(agreeing)}; without ground truth, agreement is not proof of a leak"))
     return findings
+
+
+def _expected_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
+    """Without truth: the best informative attack's iAcc on batches simulated like this capture's (calibrated
+    confidence), judged by the GLEAK-LABELS thresholds; never critical (exactness needs the truth)."""
+    calibrated = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
+                  and a.confidence.get("calibrated") and a.confidence.get("informative")]
+    if not calibrated:
+        return None
+    best = max(calibrated, key=lambda a: (a.confidence or {})["expected_iacc"])
+    conf = best.confidence or {}
+    iacc, chance = float(conf["expected_iacc"]), float(conf["chance_iacc"])
+    severity: Severity | None = None
+    threshold = 0.0
+    if iacc >= th.labels_high:
+        severity, threshold = "high", th.labels_high
+    elif iacc - chance >= th.labels_medium_margin:
+        severity, threshold = "medium", chance + th.labels_medium_margin
+    elif iacc - chance >= th.labels_low_margin:
+        severity, threshold = "low", chance + th.labels_low_margin
+    if severity is None:
+        return None
+    return Finding(
+        rule="GLEAK-LABELS-EXPECTED", severity=severity, capture=report.capture.path, attack=best.attack,
+        title=f"{best.attack} is expected to recover {iacc:.0%} of the labels (chance {chance:.0%}), measured on "
+              f"{conf['simulations']} batches simulated like this one",
+        measured=round(iacc, 4), metric="expected_iacc", chance=round(chance, 4), threshold=round(threshold, 4),
+        detail=f"no ground truth; {100 * conf['level']:.0f} % count intervals ±{conf['half_width']} per class")
 
 
 def _image_finding(report: CaptureReport, entry: AttackEntry, baseline: float, th: Thresholds) -> Finding | None:
@@ -402,7 +435,9 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     label_attacks = sorted(select_attacks("labels", None), key=lambda a: a.name)
     for label_attack in label_attacks:
         label_attack.configure(config.options.get(label_attack.name, {}))
-    for result in run_label_attacks(ctx, label_attacks, counts, None, soft_truth):
+    simulations = config.confidence if counts is None and ctx.aux is not None else 0
+    calibration_cache = cache.setdefault(("confidence",), {}) if cache is not None and simulations else None
+    for result in run_label_attacks(ctx, label_attacks, counts, None, soft_truth, simulations, calibration_cache):
         report.attacks.append(_entry(result, "labels", dict(result.scores) if result.scores is not None else None))
         if result.status == "not_applicable":
             report.skipped.append(f"{result.attack}: {result.reason}")
@@ -445,6 +480,7 @@ NOTICE_CODES = {
     "ATTACK_FAILED": "an attack could not finish on this input (its reason says why)",
     "ATTACK_ERROR": "an attack raised an unexpected error (recorded; the audit went on)",
     "RECONSTRUCTION_SKIPPED": "the budget's reconstruction did not run (the message says why)",
+    "LABELS_UNINFORMATIVE": "without truth, no label attack beats chance on batches simulated like this capture's",
 }
 
 
@@ -461,6 +497,11 @@ def _notices(ctx: Context, report: CaptureReport, capture: str, aux_given: bool)
     if check is not None and check.status == "mismatch_allowed":
         out.append(Notice(code="MODEL_MISMATCH_ALLOWED", capture=capture,
                           message=NOTICE_CODES["MODEL_MISMATCH_ALLOWED"]))
+    calibrated = [a for a in report.attacks if a.confidence and a.confidence.get("calibrated")]
+    if calibrated and not any((a.confidence or {}).get("informative") for a in calibrated):
+        out.append(Notice(code="LABELS_UNINFORMATIVE", capture=capture, message=(
+            f"none of the {len(calibrated)} label attacks beats chance on batches simulated like this capture's: "
+            "their counts are no evidence of a leak at this model and setting")))
     for a in report.attacks:
         if a.status in ("failed", "error"):
             out.append(Notice(code=f"ATTACK_{a.status.upper()}", capture=capture,

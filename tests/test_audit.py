@@ -84,16 +84,41 @@ def test_a_capture_whose_model_is_missing_names_its_sha256(gleak, tmp_path: Path
     assert cap["status"] == "error" and recorded[:12] in cap["error"]
 
 
-def test_without_truth_the_audit_reports_agreement_and_says_why(gleak, tmp_path: Path) -> None:
+def test_without_truth_the_audit_measures_leakage_on_simulated_batches(gleak, tmp_path: Path) -> None:
     cap = tmp_path / "notruth.safetensors"
     shutil.copy(FEDSGD, cap)
-    r = gleak("audit", cap, "-M", LENET, "--aux", MNIST_AUX, "--format", "json")
-    assert r.exit_code == 0, r.stderr  # info findings do not fail the default --fail-on high
+    r = gleak("audit", cap, "-M", LENET, "--aux", MNIST_AUX, "--format", "json", "--confidence", "8")
+    assert r.exit_code == 1, r.stderr  # the untrained LeNet-5 leaks: the calibrated estimate is high
     report = json.loads(r.stdout)
     validate(report)
     assert [n["code"] for n in report["notices"]] == ["NO_TRUTH", "RECONSTRUCTION_SKIPPED"]
-    (agree,) = report["findings"]
+    expected, agree = report["findings"]
+    assert expected["rule"] == "GLEAK-LABELS-EXPECTED" and expected["severity"] == "high"
+    assert expected["measured"] >= 0.9 and expected["chance"] < 0.7 and "simulated" in expected["title"]
     assert agree["rule"] == "GLEAK-LABELS-AGREE" and agree["severity"] == "info" and agree["measured"] > 0.5
+    entry = next(a for a in report["captures"][0]["attacks"] if a["attack"] == expected["attack"])
+    assert entry["confidence"]["calibrated"] and len(entry["confidence"]["intervals"]) == 10
+    off = json.loads(gleak("audit", cap, "-M", LENET, "--aux", MNIST_AUX, "--format", "json", "--confidence", "0")
+                     .stdout)
+    assert [f["rule"] for f in off["findings"]] == ["GLEAK-LABELS-AGREE"]  # --confidence 0: agreement only
+
+
+def test_uninformative_attacks_give_no_finding_and_a_notice() -> None:
+    from gleak.audit import _expected_finding, _notices
+    from gleak.report.model import AttackEntry, CaptureReport, FileRef, Thresholds
+
+    weak = {"calibrated": True, "informative": False, "expected_iacc": 0.48, "chance_iacc": 0.59, "level": 0.9,
+            "half_width": 7, "simulations": 24}
+    report = CaptureReport(capture=FileRef(path="c.safetensors"), attacks=[
+        AttackEntry(attack="rlu", task="labels", status="ok", counts=[1] * 10, confidence=weak)])
+    assert _expected_finding(report, Thresholds()) is None  # worse than chance: never reported as a leak
+    ctx = type("Ctx", (), {"model_check": None})()
+    report.aux = FileRef(path="aux.safetensors")
+    assert [n.code for n in _notices(ctx, report, "c.safetensors", True)] == ["LABELS_UNINFORMATIVE"]  # type: ignore[arg-type]
+    strong = {**weak, "informative": True, "expected_iacc": 1.0}
+    report.attacks[0].confidence = strong
+    finding = _expected_finding(report, Thresholds())
+    assert finding is not None and finding.severity == "high"  # exactness needs the truth: never critical
 
 
 @pytest.mark.parametrize(("args", "fragment"), [

@@ -101,6 +101,10 @@ def audit(
                                                         "NAME=VALUE (repeatable; names and defaults in the "
                                                         "README, 'Audit in CI').")] = None,
     lpips: Annotated[str, typer.Option(help="LPIPS network for image scores: alex, vgg or off.")] = "alex",
+    confidence: Annotated[int, typer.Option("--confidence", callback=number(0, 1000), help="Captures without "
+                                            "ground truth: calibrate the label attacks on this many batches "
+                                            "simulated from --aux like the capture's (GLEAK-LABELS-EXPECTED; 0: "
+                                            "off).")] = 24,
     jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", callback=number(1, MAX_JOBS),
                                       help="Audit this many captures at once, in worker processes (with "
                                       "--executor ray: Ray workers; 1 means one per cluster CPU).")] = 1,
@@ -175,6 +179,7 @@ def audit(
     config = AuditConfig(budget=budget, fail_on=fail_on,  # type: ignore[arg-type]
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
+                         confidence=confidence,
                          trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])

@@ -355,7 +355,8 @@ class GleakAuditStrategy(Strategy):
     ``model``: the global model's architecture, an arch spec (``lenet``, ``torchvision:resnet18``…) or a module
     of that architecture. ``aux``: auxiliary data (a path or :class:`gleak.data.Dataset`) for the attacks that
     need it. ``log_path``: the JSON lines file (one line per client per round: counts per attack, findings,
-    seconds). ``capture_dir``: also write each reply as a capture there. Metadata arguments as for
+    seconds). ``capture_dir``: also write each reply as a capture there. ``confidence``: batches simulated per
+    round to calibrate the attacks (GLEAK-LABELS-EXPECTED findings; 0: off). Metadata arguments as for
     :class:`GleakCaptureMod`. The wrapped strategy sees the replies unchanged."""
 
     def __init__(self, strategy: Strategy, *, model: nn.Module | str, log_path: str | Path,
@@ -364,7 +365,8 @@ class GleakAuditStrategy(Strategy):
                  local_epochs: float | None = None, batch_size: int | None = None, optimizer: str | None = None,
                  momentum: float | None = None, weight_decay: float | None = None, loss: LossSpec | None = None,
                  input_shape: Sequence[int] | None = None, mean: Sequence[float] | None = None,
-                 std: Sequence[float] | None = None, seed: int = 0, force: bool = False) -> None:
+                 std: Sequence[float] | None = None, seed: int = 0, force: bool = False,
+                 confidence: int = 24) -> None:
         from gleak.audit import AuditConfig
         from gleak.data import Dataset, load_dataset
 
@@ -391,7 +393,8 @@ class GleakAuditStrategy(Strategy):
         self.write_captures = capture_dir is not None
         self.metadata = _Metadata(learning_rate, local_steps, local_epochs, batch_size, optimizer, momentum,
                                   weight_decay)
-        self.config = AuditConfig(seed=seed, device="cpu", lpips="off", allow_model_mismatch=False)
+        self.config = AuditConfig(seed=seed, device="cpu", lpips="off", allow_model_mismatch=False,
+                                  confidence=confidence)
         self._round: dict[int, tuple[ArrayRecord, ConfigRecord]] = {}
         self.rounds: dict[int, list[dict[str, Any]]] = {}  # what was logged, per round (also in the file)
 
@@ -435,6 +438,7 @@ class GleakAuditStrategy(Strategy):
                                   tuple(self.recorder.input_shape) if self.recorder.input_shape else None,
                                   f"Flower global model, round {server_round}")
         auxes = [(self.aux_path or Path("aux"), self.aux)] if self.aux is not None else []
+        cache: dict[tuple[Any, ...], dict[str, Any]] = {}  # the round's model: calibrated once for all replies
         lines: list[dict[str, Any]] = []
         for reply in replies:
             node = str(reply.metadata.src_node_id)
@@ -449,7 +453,7 @@ class GleakAuditStrategy(Strategy):
                 capture, _ = self.recorder.build(global_state, local_state, record)
                 if self.write_captures:
                     self.recorder.write(global_state, local_state, record)
-                report, findings, _ = audit_loaded(capture, loaded, auxes, self.config,
+                report, findings, _ = audit_loaded(capture, loaded, auxes, self.config, cache=cache,
                                                    name=f"flower://round-{server_round}/node-{node}")
                 line.update(status=report.status, error=report.error, batch_size=report.batch_size,
                             local_steps=report.local_steps,
@@ -465,6 +469,9 @@ class GleakAuditStrategy(Strategy):
         ran = sorted({a["attack"] for line in lines for a in line.get("attacks", []) if a["status"] == "ok"})
         recovered = sum(any(a["status"] == "ok" for a in line.get("attacks", [])) for line in lines)
         agreeing = sum(any(f.get("rule") == "GLEAK-LABELS-AGREE" for f in line.get("findings", [])) for line in lines)
+        expected = [f for line in lines for f in line.get("findings", []) if f.get("rule") == "GLEAK-LABELS-EXPECTED"]
+        estimate = (f"; expected iAcc {max(f['measured'] for f in expected):.2f} (chance "
+                    f"{min(f['chance'] for f in expected):.2f}) on simulated batches" if expected else "")
         log.info("gleak: round %s: %d replies audited; label counts recovered from %d (%s), independent attacks "
-                 "agree on %d; details in %s", server_round, len(lines), recovered, ", ".join(ran) or "no attack "
-                 "applied", agreeing, self.log_path)
+                 "agree on %d%s; details in %s", server_round, len(lines), recovered, ", ".join(ran) or "no attack "
+                 "applied", agreeing, estimate, self.log_path)

@@ -60,6 +60,9 @@ class AttackEntry(_Model):
     options: dict[str, Any] = Field(default_factory=dict, description="the options the attack ran with")
     warnings: list[str] = Field(default_factory=list)
     artifacts: list[str] = Field(default_factory=list, description="files written for this attack (relative)")
+    confidence: dict[str, Any] | None = Field(None, description="label attacks without truth: calibrated on "
+                                              "simulated batches (level, half_width, intervals, expected_iacc, "
+                                              "chance_iacc, informative, simulations), or why not")
 
 
 class Finding(_Model):

@@ -101,8 +101,8 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
     settings = _settings(ctx)
     names = tuple(a.name for a in attacks)
     options = tuple(repr(a.used_options()) for a in attacks)
-    key = (ctx.capture.get("gleak.model.sha256"), id(ctx.aux), repr(sorted(settings.items())), names, repr(options),
-           simulations, level, seed)
+    key = (id(ctx.model), ctx.capture.get("gleak.model.sha256"), id(ctx.aux), ctx.layer.name,
+           repr(sorted(settings.items())), names, repr(options), simulations, level, seed)
     if cache is not None and key in cache:
         return cache[key], None
     try:

@@ -114,6 +114,21 @@ RULES: dict[str, RuleInfo] = {
             "capture helpers write `NAME.truth.safetensors`) to get a scored finding.\n\n"
             "## Mitigations\n\n" + _LABEL_MITIGATIONS),
         default_severity="info"),
+    "GLEAK-LABELS-EXPECTED": RuleInfo(
+        name="LabelLeakageExpected",
+        short="Without ground truth, label attacks are expected to recover the batch's labels.",
+        full=("No ground truth was available, so gleak measured each label attack on client contributions it "
+              "simulated with the capture's own settings (model, batch size, steps, optimizer) from the auxiliary "
+              "data. The best attack that beats chance there is expected to recover this share of the labels."),
+        help_markdown=(
+            "# Expected label leakage (GLEAK-LABELS-EXPECTED)\n\n"
+            "gleak had no ground truth for this capture. It calibrated every label attack on batches simulated "
+            "like the client's from the auxiliary data and reports the best attack's expected instance-level "
+            "accuracy (iAcc) against the chance iAcc of the same batches, with 90 % count intervals. The "
+            "severity follows the GLEAK-LABELS thresholds but is never critical: exact recovery needs the "
+            "truth.\n\n"
+            "## Mitigations\n\n" + _LABEL_MITIGATIONS),
+        default_severity="medium"),
     INPUT_ERROR: RuleInfo(
         name="InputError",
         short="A capture could not be audited.",
