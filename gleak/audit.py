@@ -500,8 +500,8 @@ def _notices(ctx: Context, report: CaptureReport, capture: str, aux_given: bool)
     calibrated = [a for a in report.attacks if a.confidence and a.confidence.get("calibrated")]
     if calibrated and not any((a.confidence or {}).get("informative") for a in calibrated):
         out.append(Notice(code="LABELS_UNINFORMATIVE", capture=capture, message=(
-            f"none of the {len(calibrated)} label attacks beats chance on batches simulated like this capture's: "
-            "their counts are no evidence of a leak at this model and setting")))
+            f"none of the {len(calibrated)} label attacks beats chance on both the uniform and the skewed batches "
+            "simulated like this capture's: their counts are no evidence of a leak at this model and setting")))
     for a in report.attacks:
         if a.status in ("failed", "error"):
             out.append(Notice(code=f"ATTACK_{a.status.upper()}", capture=capture,

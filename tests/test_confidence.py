@@ -73,3 +73,31 @@ def test_an_untrained_model_gets_exact_intervals_and_the_cli_reports_them(gleak)
 def test_bad_confidence_values_are_usage_errors(gleak, value: str) -> None:
     r = gleak("labels", FEDSGD, "-M", LENET, "--confidence", value)
     assert r.exit_code == 2 and "--confidence" in r.stderr
+
+
+def test_the_calibrated_selector_picks_an_informative_attack_and_recovers_the_labels(gleak) -> None:
+    from gleak.attacks.plan import select_attacks
+
+    assert "calibrated" not in [a.name for a in select_attacks("labels", None)]  # only on request: it is slow
+    r = gleak("labels", FEDSGD, "-M", LENET, "--aux", MNIST_AUX, "-a", "calibrated", "-O", "calibrated.simulations=8",
+              "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    (result,) = json.loads(r.stdout)["results"]
+    assert result["status"] == "ok" and result["scores"]["iacc"] == 1.0  # untrained LeNet-5, B = 32: exact
+    diag = result["diagnostics"]
+    assert diag["expected_iacc"] == diag["expected_iacc_by_attack"][diag["chosen"]]
+    assert diag["worst_margin_over_chance"] > 0.2  # beats chance on uniform and on skewed batches
+
+
+def test_the_calibrated_selector_refuses_where_no_attack_beats_chance() -> None:
+    """The 98.7 % LeNet-5, m = 5 SGD steps of B = 32 with uniform labels: chance iAcc is about 0.87 and rlu (the only
+    attack for multi-step updates) scores about 0.40 (bench/labels.py --suite trained). No guess is returned."""
+    from gleak.attacks import get_attack
+
+    model = load_model(SAMPLES / "models" / "lenet_mnist98.safetensors")
+    aux, client = load_dataset(MNIST_AUX), load_dataset(SAMPLES / "data" / "mnist_client.safetensors")
+    cap, _ = simulate_client(model.module, client, ClientConfig(batch_size=32, scheme="fedavg", local_steps=5, seed=3))
+    attack = get_attack("calibrated")
+    attack.configure({"simulations": 8})
+    result = run_attack(attack, build_context(cap, model, aux))
+    assert result.status == "failed" and "no label attack beats chance" in (result.reason or ""), result.reason

@@ -153,6 +153,7 @@ class Attack(ABC):
     summary: ClassVar[str]
     requires: ClassVar[Requirements] = Requirements()
     Options: ClassVar[type[AttackOptions]] = AttackOptions
+    default: ClassVar[bool] = True  # runs when no attack is named; False: only on request (-a NAME)
     options: AttackOptions
 
     def __init__(self) -> None:

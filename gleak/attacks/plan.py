@@ -14,9 +14,10 @@ from gleak.metrics.labels import label_scores, soft_label_scores
 
 
 def select_attacks(task: str, names: Sequence[str] | None) -> list[Attack]:
-    """The named attacks (validated, in the order given) or every registered attack of ``task``."""
+    """The named attacks (validated, in the order given) or every registered attack of ``task`` that runs by
+    default (``Attack.default``)."""
     if not names:
-        return attacks_for(task)
+        return [a for a in attacks_for(task) if a.default]
     return [get_attack(name, task) for name in names]
 
 

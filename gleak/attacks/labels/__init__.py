@@ -1,3 +1,3 @@
 """Label-recovery attacks; importing this package registers them."""
 
-from gleak.attacks.labels import idlg, ilrg, llg, posterior, rlu, softlabel, zlg  # noqa: F401
+from gleak.attacks.labels import calibrated, idlg, ilrg, llg, posterior, rlu, softlabel, zlg  # noqa: F401

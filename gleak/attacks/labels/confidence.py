@@ -9,8 +9,10 @@ errors against the simulated truth:
   [n̂_j − q, n̂_j + q] holds the true count with probability ≥ ``level`` when the real batch is drawn like the
   simulated ones (Vovk, Gammerman & Shafer, 2005; the split-conformal rule of Lei et al., JASA 2018);
 * ``expected_iacc`` and ``chance_iacc``: the attack's mean iAcc on the simulated batches and the mean chance iAcc
-  of the same batches; ``informative`` is False unless the attack beats chance by more than two standard errors.
-  An uninformative attack's counts are no evidence of a leak, whatever they look like.
+  of the same batches; ``informative`` is False unless the attack beats chance by more than two standard errors
+  on the uniform batches *and* on the Dirichlet ones (chance differs a lot between them: 0.87 vs 0.54 for m = 5
+  steps of B = 32, so an attack can beat one and not the other). An uninformative attack's counts are no evidence
+  of a leak, whatever they look like.
 
 The calibration depends on the model and the settings, not on the captured values, so it is computed once per
 (model, aux data, settings) and reused for every capture that shares them (``cache``).
@@ -46,6 +48,7 @@ class Confidence:
     informative: bool
     simulations: int
     errors: list[int] = field(default_factory=list, repr=False)  # |n̂_j − n_j| per simulated (batch, class)
+    worst_margin: float = 0.0  # the smaller of (iAcc − chance) over the uniform and the Dirichlet batches
 
     def intervals(self, counts: torch.Tensor, total: int) -> list[list[int]]:
         """[low, high] per class: n̂_j ± q, clipped to [0, total]."""
@@ -68,6 +71,13 @@ def conformal_half_width(errors: Sequence[int], level: float) -> int:
     if not ordered:
         raise GleakError("no simulated errors to calibrate on")
     return int(ordered[min(rank, len(ordered)) - 1])
+
+
+def _beats(margins: Sequence[float]) -> bool:
+    """Mean margin over chance above zero by more than two standard errors."""
+    mean = statistics.fmean(margins)
+    spread = statistics.stdev(margins) if len(margins) > 1 else 0.0
+    return mean > 0 and mean > 2 * spread / math.sqrt(len(margins))
 
 
 def _settings(ctx: Context) -> dict[str, Any]:
@@ -101,21 +111,23 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
     settings = _settings(ctx)
     names = tuple(a.name for a in attacks)
     options = tuple(repr(a.used_options()) for a in attacks)
-    key = (id(ctx.model), ctx.capture.get("gleak.model.sha256"), id(ctx.aux), ctx.layer.name,
-           repr(sorted(settings.items())), names, repr(options), simulations, level, seed)
+    sha = tensors_sha256(ctx.model.state_dict())  # the weights themselves, not an object id, key the cache
+    key = (sha, ctx.aux.source, len(ctx.aux), id(ctx.aux), ctx.layer.name, repr(sorted(settings.items())), names,
+           repr(options), simulations, level, seed)
     if cache is not None and key in cache:
         return cache[key], None
     try:
-        sha = tensors_sha256(ctx.model.state_dict())
         loaded = LoadedModel(ctx.model, "calibration", None, {}, ctx.input_shape, sha, {})
         errors: dict[str, list[int]] = {a.name: [] for a in attacks}
         iacc: dict[str, list[float]] = {a.name: [] for a in attacks}
+        margins: dict[str, dict[str, list[float]]] = {a.name: {"uniform": [], "dirichlet": []} for a in attacks}
         chance: list[float] = []
         from gleak.attacks.context import build_context
         from gleak.metrics.labels import chance_scores, label_scores, truth_counts
 
         for i in range(simulations):
-            config = ClientConfig(**settings, composition="dirichlet" if i % 2 else "uniform", seed=seed + 7919 * i)
+            composition = "dirichlet" if i % 2 else "uniform"
+            config = ClientConfig(**settings, composition=composition, seed=seed + 7919 * i)
             capture, truth = simulate_client(ctx.model, ctx.aux, config)
             sim = build_context(capture, loaded, ctx.aux, ctx.device, seed + i, ctx.layer.name, loss=ctx.loss)
             true = truth_counts(truth.labels, ctx.num_classes)
@@ -127,6 +139,7 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
                 counts = result.labels.counts
                 errors[attack.name] += (counts - true).abs().tolist()
                 iacc[attack.name].append(label_scores(counts, true)["iacc"])
+                margins[attack.name][composition].append(iacc[attack.name][-1] - chance[-1])
     except GleakError as e:
         return {}, f"not calibrated: simulating the client failed ({e})"
     out: dict[str, Confidence] = {}
@@ -134,11 +147,11 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
         got = iacc[attack.name]
         if len(got) < max(2, simulations // 2):
             continue  # the attack rarely runs in these settings: no calibration rather than a weak one
-        margin = [a - c for a, c in zip(got, chance, strict=False)]
-        spread = statistics.stdev(margin) if len(margin) > 1 else 0.0
-        informative = statistics.fmean(margin) > 2 * spread / math.sqrt(len(margin)) and statistics.fmean(margin) > 0
+        groups = [m for m in margins[attack.name].values() if m]
+        informative = bool(groups) and all(_beats(m) for m in groups)
+        worst = min(statistics.fmean(m) for m in groups) if groups else 0.0
         out[attack.name] = Confidence(level, conformal_half_width(errors[attack.name], level), statistics.fmean(got),
-                                      statistics.fmean(chance), informative, len(got), errors[attack.name])
+                                      statistics.fmean(chance), informative, len(got), errors[attack.name], worst)
     if cache is not None:
         if len(cache) >= CACHE_ENTRIES:
             cache.pop(next(iter(cache)))
