@@ -119,25 +119,56 @@ TRAINED_KINDS = [("gradient", {}), ("m=1 SGD", {"scheme": "fedavg"}),
                  ("m=10 momentum", {"scheme": "fedavg", "local_steps": 10, "optimizer": "sgdm"})]
 
 
-def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, aux, attacks) -> dict:
-    """``trials`` fresh (model, batch) draws of one setting; mean ± std of iAcc, cAcc and time per attack."""
+def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, aux, attacks,
+                simulations: int = 0) -> dict:
+    """``trials`` fresh (model, batch) draws of one setting; mean ± std of iAcc, cAcc and time per attack.
+
+    With ``simulations`` (the trained suite's --calibrate), each attack is also calibrated once for the setting
+    (gleak.attacks.labels.confidence, seed 0) and every trial records whether its 90 % intervals hold the true
+    counts, and what the calibrated selector (``-a calibrated``) would return: the informative attack with the best
+    worst-case margin, or a refusal."""
+    from gleak.attacks.labels.confidence import calibrate
+
     scores: dict[str, list[dict]] = {a.name: [] for a in attacks}
     chance = []
+    cache: dict = {}
+    covered: dict[str, list[bool]] = {a.name: [] for a in attacks}
+    picks: list[float | None] = []
     for t in range(trials):
         model = spec.build(seed=t)
         cap, truth = simulate_client(model.module, client, ClientConfig(**config, seed=10_000 + t))
         ctx = build_context(cap, model, aux, seed=t)
         counts = truth_counts(truth.labels, ctx.num_classes)
         chance.append(chance_scores(counts)["iacc"])
+        found: dict[str, torch.Tensor] = {}
         for attack in attacks:
             result = run_attack(attack, ctx)
             if result.status != "ok":
                 continue
+            found[attack.name] = result.output.counts
             s = label_scores(result.output.counts, counts)
             s["seconds"] = result.seconds
             s["warned"] = bool(result.warnings)
             scores[attack.name].append(s)
+        if simulations:
+            conf, _ = calibrate(ctx, [a for a in attacks if a.not_applicable(ctx) is None], simulations=simulations,
+                                seed=0, cache=cache)
+            for name, c in conf.items():
+                if name in found:
+                    intervals = c.intervals(found[name], ctx.total_examples or 0)
+                    covered[name] += [lo <= n <= hi for (lo, hi), n in zip(intervals, counts.tolist(), strict=True)]
+            informative = {n: c for n, c in conf.items() if c.informative and n in found}
+            if informative:
+                choice = max(informative, key=lambda n: (informative[n].worst_margin, -informative[n].half_width))
+                picks.append(label_scores(found[choice], counts)["iacc"])
+            else:
+                picks.append(None)
     row = {"model": spec.label, "setting": label, "chance": statistics.mean(chance)}
+    if simulations:
+        kept = [p for p in picks if p is not None]
+        row["calibrated"] = {"iacc": statistics.mean(kept) if kept else None, "refused": len(picks) - len(kept),
+                             "trials": len(picks)}
+        row["coverage"] = {n: statistics.mean(v) for n, v in covered.items() if v}
     for name, values in scores.items():
         if values:
             row[name] = {k: (statistics.mean(v[k] for v in values), statistics.pstdev(v[k] for v in values))
@@ -149,7 +180,7 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
     return row
 
 
-def suites(trials: int, which: str, only: str | None = None) -> dict[str, list[dict]]:
+def suites(trials: int, which: str, only: str | None = None, simulations: int = 0) -> dict[str, list[dict]]:
     client = load_dataset(ROOT / "samples/data/mnist_client.safetensors")
     aux = load_dataset(ROOT / "samples/data/mnist_aux.safetensors")
     aux100 = aux.subset(torch.cat([torch.nonzero(aux.labels == c).flatten()[:100] for c in range(10)]))
@@ -189,7 +220,7 @@ def suites(trials: int, which: str, only: str | None = None) -> dict[str, list[d
                 continue
             out[f"trained: {spec.label}"] = [
                 run_setting(f"B={b} {kind} {comp}", spec, {"batch_size": b, "composition": comp, **cfg}, trials,
-                            held_out, aux100, attacks)
+                            held_out, aux100, attacks, simulations)
                 for b in (8, 32, 128) for kind, cfg in TRAINED_KINDS for comp in ("uniform", "dirichlet")]
     if which in ("all", "aux"):
         rows = []
@@ -237,6 +268,23 @@ def markdown(results: dict[str, list[dict]], trials: int, speed: dict[str, float
     out += ["| " + " | ".join(times) + " |", ""]
     out.append("⚠ = the attack warned on some trials (e.g. non-negative features assumed but violated by tanh; "
                "an update read as a gradient; a loss the attack's derivation does not cover).")
+    calibrated = [r for r in rows if "calibrated" in r]
+    if calibrated:
+        out += ["", "## the calibrated selector and the 90 % intervals' coverage", "",
+                "iAcc of `-a calibrated` over the trials it answered (refusals: no attack beat chance on both the "
+                "uniform and the skewed simulated batches), beside chance and the best single attack; coverage: the "
+                "share of (trial, class) pairs whose 90 % interval held the true count, per attack (min / max over "
+                "the attacks calibrated in that setting).", "",
+                "| model | setting | chance | best attack | calibrated | refused | coverage min | coverage max |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in calibrated:
+            best = max((a for a in ATTACKS if r[a] is not None), key=lambda a: r[a]["iacc"][0], default=None)
+            c = r["calibrated"]
+            cov = list(r["coverage"].values())
+            out.append(f"| {r['model']} | {r['setting']} | {r['chance']:.3f} | "
+                       + (f"{best} {r[best]['iacc'][0]:.3f}" if best else "—") + " | "
+                       + (f"{c['iacc']:.3f}" if c["iacc"] is not None else "—") + f" | {c['refused']}/{c['trials']} | "
+                       + (f"{min(cov):.3f} | {max(cov):.3f}" if cov else "— | —") + " |")
     if speed:
         out += ["", "## C = 1000, d = 2048 synthetic last layer (median of 20 runs, ms)", "",
                 "| " + " | ".join(speed) + " |", "|" + "---|" * len(speed),
@@ -276,6 +324,8 @@ def main() -> None:
     parser.add_argument("--suite", default="all",
                         choices=["all", "gradients", "updates", "losses", "aux", "trained"])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--calibrate", type=int, default=0, help="trained suite: also calibrate every setting on "
+                        "this many simulated contributions (90 %% interval coverage, the calibrated selector)")
     parser.add_argument("--models", default=None, help="trained suite: only models whose label contains one of "
                         "these comma-separated strings (e.g. 51%%,81%%), to split the run across processes")
     args = parser.parse_args()
@@ -283,7 +333,7 @@ def main() -> None:
     if args.speed:
         return
     start = time.time()
-    results = suites(args.trials, args.suite, args.models)
+    results = suites(args.trials, args.suite, args.models, args.calibrate)
     text = markdown(results, args.trials, speed)
     out = args.out or ROOT / f"bench/results/labels{'' if args.suite == 'all' else '-' + args.suite}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
