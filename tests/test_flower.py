@@ -112,7 +112,8 @@ def test_flower_strategy_audits_each_reply_and_aggregates_unchanged(tmp_path: Pa
     opt.step()
     loc = {k: v.detach().clone() for k, v in model.state_dict().items()}
     strategy = GleakAuditStrategy(FedAvg(), model=ARCH, arch_kwargs=KWARGS, aux=MNIST_AUX,
-                                  log_path=tmp_path / "audit.jsonl", capture_dir=tmp_path / "caps")
+                                  log_path=tmp_path / "audit.jsonl", capture_dir=tmp_path / "caps",
+                                  confidence=0)  # calibration: covered by the simulation test and test_confidence
     strategy._round = {1: (ArrayRecord(g), ConfigRecord({"lr": 0.1, "batch-size": 8, "local-steps": 1}))}
     sent = _flower_pair({"server-round": 1}, g)
     reply = Message(RecordDict({"arrays": ArrayRecord(loc), "metrics": MetricRecord({"num-examples": 8})}),

@@ -42,6 +42,9 @@ def test_flower_simulation_captures_every_update_and_the_audit_recovers_the_labe
     assert len(timings) == 6 and all(t["capture"] for t in timings)  # the writer threads drained at exit
     server = [json.loads(line) for line in (out / "audit.jsonl").read_text().splitlines()]
     assert sorted(line["round"] for line in server) == [1, 1, 1, 2, 2, 2] and all(s["status"] == "ok" for s in server)
+    # no truth on the server: the strategy's calibrated estimate, once per round (rlu is exact on these updates)
+    expected = [f for line in server for f in line["findings"] if f["rule"] == "GLEAK-LABELS-EXPECTED"]
+    assert len(expected) == 6 and all(f["measured"] >= 0.9 for f in expected), expected
 
     r = gleak("audit", out / "captures", "--model", out / "captures" / "models", "--aux", MNIST_AUX, "--lpips", "off",
               "--format", "json", "--fail-on", "none")
