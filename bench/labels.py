@@ -127,7 +127,7 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
     (gleak.attacks.labels.confidence, seed 0) and every trial records whether its 90 % intervals hold the true
     counts, and what the calibrated selector (``-a calibrated``) would return: the informative attack with the best
     worst-case margin, or a refusal."""
-    from gleak.attacks.labels.confidence import calibrate
+    from gleak.attacks.labels.confidence import best_informative, calibrate
 
     scores: dict[str, list[dict]] = {a.name: [] for a in attacks}
     chance = []
@@ -157,12 +157,8 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
                 if name in found:
                     intervals = c.intervals(found[name], ctx.total_examples or 0)
                     covered[name] += [lo <= n <= hi for (lo, hi), n in zip(intervals, counts.tolist(), strict=True)]
-            informative = {n: c for n, c in conf.items() if c.informative and n in found}
-            if informative:
-                choice = max(informative, key=lambda n: (informative[n].worst_margin, -informative[n].half_width))
-                picks.append(label_scores(found[choice], counts)["iacc"])
-            else:
-                picks.append(None)
+            choice = best_informative({n: c.to_json() for n, c in conf.items() if n in found})
+            picks.append(label_scores(found[choice], counts)["iacc"] if choice is not None else None)
     row = {"model": spec.label, "setting": label, "chance": statistics.mean(chance)}
     if simulations:
         kept = [p for p in picks if p is not None]

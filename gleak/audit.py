@@ -182,16 +182,7 @@ def _label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
         chance = float(report.chance["iacc"])
         margin = iacc - chance
         exact = float((best.scores or {}).get("exact") or 0.0)
-        severity: Severity | None = None
-        threshold = 0.0
-        if iacc >= th.labels_critical and exact >= 1.0:
-            severity, threshold = "critical", th.labels_critical
-        elif iacc >= th.labels_high:
-            severity, threshold = "high", th.labels_high
-        elif margin >= th.labels_medium_margin:
-            severity, threshold = "medium", chance + th.labels_medium_margin
-        elif margin >= th.labels_low_margin:
-            severity, threshold = "low", chance + th.labels_low_margin
+        severity, threshold = _label_severity(iacc, chance, th, exact=exact >= 1.0)
         if severity is not None:
             findings.append(Finding(
                 rule="GLEAK-LABELS", severity=severity, capture=report.capture.path, attack=best.attack,
@@ -224,24 +215,33 @@ def _label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
     return findings
 
 
+def _label_severity(iacc: float, chance: float, th: Thresholds, exact: bool) -> tuple[Severity | None, float]:
+    """The GLEAK-LABELS ladder: critical (every label exactly), high (iAcc ≥ labels_high), then margins over chance;
+    (None, 0) below the low margin."""
+    if exact and iacc >= th.labels_critical:
+        return "critical", th.labels_critical
+    if iacc >= th.labels_high:
+        return "high", th.labels_high
+    if iacc - chance >= th.labels_medium_margin:
+        return "medium", chance + th.labels_medium_margin
+    if iacc - chance >= th.labels_low_margin:
+        return "low", chance + th.labels_low_margin
+    return None, 0.0
+
+
 def _expected_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
     """Without truth: the best informative attack's iAcc on batches simulated like this capture's (calibrated
     confidence), judged by the GLEAK-LABELS thresholds; never critical (exactness needs the truth)."""
-    calibrated = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
-                  and a.confidence.get("calibrated") and a.confidence.get("informative")]
-    if not calibrated:
+    from gleak.attacks.labels.confidence import best_informative
+
+    calibrated = {a.attack: a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
+                  and a.confidence.get("calibrated")}
+    name = best_informative({n: a.confidence or {} for n, a in calibrated.items()})
+    if name is None:
         return None
-    best = max(calibrated, key=lambda a: (a.confidence or {})["expected_iacc"])
-    conf = best.confidence or {}
+    best, conf = calibrated[name], calibrated[name].confidence or {}
     iacc, chance = float(conf["expected_iacc"]), float(conf["chance_iacc"])
-    severity: Severity | None = None
-    threshold = 0.0
-    if iacc >= th.labels_high:
-        severity, threshold = "high", th.labels_high
-    elif iacc - chance >= th.labels_medium_margin:
-        severity, threshold = "medium", chance + th.labels_medium_margin
-    elif iacc - chance >= th.labels_low_margin:
-        severity, threshold = "low", chance + th.labels_low_margin
+    severity, threshold = _label_severity(iacc, chance, th, exact=False)
     if severity is None:
         return None
     return Finding(

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from gleak.errors import GleakError
 
 if TYPE_CHECKING:
-    from gleak.audit import AuditConfig, CaptureResult
+    from gleak.audit import AuditConfig, CaptureResult, ModelSet
+    from gleak.data import Dataset
 
 EXECUTORS = ("local", "ray")
 
@@ -26,6 +27,13 @@ class WorkerSetup:
     aux_paths: tuple[Path, ...]
     config: AuditConfig
     threads: int
+
+    def load(self) -> tuple[ModelSet, list[tuple[Path, Dataset]]]:
+        """The models and the aux data, loaded (bad files fail here with a GleakError)."""
+        from gleak.audit import ModelSet
+        from gleak.data import load_dataset
+
+        return ModelSet.load(self.model_files, self.config), [(p, load_dataset(p)) for p in self.aux_paths]
 
 
 def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, executor: str = "local",

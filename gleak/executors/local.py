@@ -16,21 +16,17 @@ if TYPE_CHECKING:
 
 def run_local(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None,
               jobs: int) -> Iterator[tuple[int, CaptureResult]]:
-    from gleak.audit import ModelSet, audit_capture
-    from gleak.data import load_dataset
+    from gleak.audit import audit_capture
 
     if jobs <= 1 or len(files) <= 1:
-        models = ModelSet.load(setup.model_files, setup.config)
-        auxes = [(p, load_dataset(p)) for p in setup.aux_paths]
+        models, auxes = setup.load()
         for i, path in enumerate(files):
             yield i, audit_capture(path, models, auxes, setup.config, out_dir)
         return
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
-    ModelSet.load(setup.model_files, setup.config)  # bad model files fail here, once, before any worker starts
-    for p in setup.aux_paths:
-        load_dataset(p)
+    setup.load()  # bad model or aux files fail here, once, before any worker starts
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_init, initargs=(setup,)) as pool:
         pending: dict[Future[CaptureResult], int] = {}
@@ -54,12 +50,8 @@ _WORKER: dict[str, Any] = {}
 
 def _worker_init(setup: WorkerSetup) -> None:
     """A worker process: the parent's thread count, the models and aux data loaded once."""
-    from gleak.audit import ModelSet
-    from gleak.data import load_dataset
-
     torch.set_num_threads(setup.threads)
-    _WORKER["models"] = ModelSet.load(setup.model_files, setup.config)
-    _WORKER["auxes"] = [(p, load_dataset(p)) for p in setup.aux_paths]
+    _WORKER["models"], _WORKER["auxes"] = setup.load()
     _WORKER["config"] = setup.config
 
 

@@ -50,12 +50,8 @@ def _import_ray() -> Any:
 
 def run_ray(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, jobs: int,
             address: str | None) -> Iterator[tuple[int, CaptureResult]]:
-    from gleak.audit import ModelSet
-    from gleak.data import load_dataset
-
     ray = _import_ray()
-    models = ModelSet.load(setup.model_files, setup.config)  # bad inputs fail here, before Ray starts
-    auxes = [(p, load_dataset(p)) for p in setup.aux_paths]
+    models, auxes = setup.load()  # bad inputs fail here, before Ray starts
     started_here = not ray.is_initialized()
     if started_here:
         _init(ray, address, jobs)

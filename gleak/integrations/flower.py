@@ -152,16 +152,16 @@ class _Metadata:
         self._warned: set[str] = set()
 
     def record(self, round: int | None, client: str, sources: Sequence[Mapping[str, Any]],
-               extra: dict[str, str], batches: tuple[torch.Tensor, torch.Tensor, int] | None,
-               batch_count: int | None = None) -> ClientRecord:
+               extra: dict[str, str], batch_count: int | None = None) -> ClientRecord:
+        """``batch_count``: how many batches the client app recorded (record_batch: one per local step)."""
         given = {k: v for k, v in self.given.items() if v is not None}
         merged = [given, *sources]
         lr = _number(_lookup("learning_rate", merged), float)
         batch = _number(_lookup("batch_size", merged), int)
         examples = _number(_lookup("num_examples", sources), int)  # the reply's count, never the user's
         steps = _number(_lookup("local_steps", merged), int)
-        if steps is None and (batches is not None or batch_count):
-            steps = batches[2] if batches is not None else batch_count  # one record_batch call per local step
+        if steps is None and batch_count:
+            steps = batch_count
         if steps is None:
             steps = local_steps_from_epochs(_number(_lookup("local_epochs", merged), float), examples, batch)
         momentum = _number(_lookup("momentum", merged), float)
@@ -178,8 +178,7 @@ class _Metadata:
                                 f"it in the train config); the captures leave it out")
         return ClientRecord(round=round, client=client, learning_rate=lr, local_steps=steps, batch_size=batch,
                             optimizer=optimizer, momentum=momentum, weight_decay=_number(
-                                _lookup("weight_decay", merged), float), num_examples=examples, extra=extra,
-                            inputs=batches[0] if batches else None, labels=batches[1] if batches else None)
+                                _lookup("weight_decay", merged), float), num_examples=examples, extra=extra)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -337,8 +336,7 @@ class GleakCaptureMod:
             if key in context.node_config:
                 extra[f"flower.{key}"] = str(context.node_config[key])
         sources = [dict(r) for r in (*_records(reply), *configs, context.run_config)]
-        record = self.metadata.record(round, str(context.node_id), sources, extra, None,
-                                      len(batches) if batches else None)
+        record = self.metadata.record(round, str(context.node_id), sources, extra, len(batches) if batches else None)
 
         def job() -> Path | None:
             truth = _batches(batches)
@@ -448,11 +446,10 @@ class GleakAuditStrategy(Strategy):
             if returned is None:
                 line.update(status="skipped", reason="the reply holds an error or no single ArrayRecord")
             else:
-                record = self.metadata.record(server_round, node, [*_records(reply), config], {}, None)
-                local_state = _state(returned)
-                capture, _ = self.recorder.build(global_state, local_state, record)
+                record = self.metadata.record(server_round, node, [*_records(reply), config], {})
+                capture, _ = self.recorder.build(global_state, _state(returned), record)
                 if self.write_captures:
-                    self.recorder.write(global_state, local_state, record)
+                    self.recorder.write_built(capture, None, global_state, record)
                 report, findings, _ = audit_loaded(capture, loaded, auxes, self.config, cache=cache,
                                                    name=f"flower://round-{server_round}/node-{node}")
                 line.update(status=report.status, error=report.error, batch_size=report.batch_size,

@@ -115,13 +115,10 @@ class GleakCaptureFilter(DXOFilter):
 
     def _write_without_global(self, diff: dict[str, torch.Tensor], record: ClientRecord) -> None:
         """A WEIGHT_DIFF capture when the global model is unknown: the update, with no model hash."""
-        from gleak.capture import save_capture
-
         zeros = {k: torch.zeros_like(v) for k, v in diff.items()}
         capture, _ = self.recorder.build(zeros, diff, record)
         capture.meta.pop("gleak.model.sha256", None)  # the hash of zeros would be a false statement
-        save_capture(capture, self.recorder.capture_path(record), force=self.recorder.force)
-        self.recorder.written += 1
+        self.recorder.write_built(capture, None, None, record)
 
     def _warn(self, fl_ctx: FLContext, key: str, message: str) -> None:
         if key not in self._warned:

@@ -165,11 +165,21 @@ class CaptureRecorder:
         """Write the capture (and truth, and the round's global model); the path, or None after logging why not.
 
         Never raises: a recorder runs inside someone's training loop."""
+        try:
+            capture, truth = self.build(global_state, local_state, record)
+        except Exception as e:  # a recorder must never take the training round down
+            self._failed(self.capture_path(record), str(e) if isinstance(e, GleakError) else f"{type(e).__name__}: {e}")
+            return None
+        return self.write_built(capture, truth, global_state, record)
+
+    def write_built(self, capture: Capture, truth: Truth | None, global_state: Mapping[str, torch.Tensor] | None,
+                    record: ClientRecord) -> Path | None:
+        """Write a capture :meth:`build` made (the round's global model too, when given and ``save_global``);
+        the path, or None after logging why not. Never raises."""
         started = time.perf_counter()
         path = self.capture_path(record)
         try:
-            capture, truth = self.build(global_state, local_state, record)
-            if self.save_global:
+            if self.save_global and global_state is not None:
                 self._write_global(global_state, record.round, capture.meta["gleak.model.sha256"])
             out = save_capture(capture, path, force=self.force, truth=truth)
             with self._lock:
@@ -195,14 +205,16 @@ class CaptureRecorder:
             if str(target) in self._saved_globals:
                 return
         if not target.exists():  # every client of the round holds the same model: the first one writes it
+            from gleak.models.loading import META_ARCH, META_INPUT_SHAPE, META_KWARGS  # save_model's keys
+
             meta = {"gleak.model.sha256": sha256}
             if round is not None:
                 meta["gleak.fl.round"] = str(round)
             if self.arch is not None:
-                meta["gleak.arch"] = self.arch
-                meta["gleak.arch_kwargs"] = json.dumps(self.arch_kwargs, sort_keys=True)
+                meta[META_ARCH] = self.arch
+                meta[META_KWARGS] = json.dumps(self.arch_kwargs, sort_keys=True)
             if self.input_shape is not None:
-                meta["gleak.input_shape"] = json.dumps(self.input_shape)
+                meta[META_INPUT_SHAPE] = json.dumps(self.input_shape)
             tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}  # hashed by build()
             try:
                 save_safetensors(target, tensors, meta, force=False)

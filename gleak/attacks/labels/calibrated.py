@@ -18,7 +18,7 @@ from pydantic import Field
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, attacks_for, register, run_attack
 from gleak.attacks.context import Context
-from gleak.attacks.labels.confidence import SIMULATIONS, calibrate
+from gleak.attacks.labels.confidence import SIMULATIONS, best_informative, calibrate
 from gleak.attacks.options import AttackOptions
 from gleak.errors import GleakError
 
@@ -59,8 +59,8 @@ class Calibrated(Attack):
                       if best is not None else "no attack ran on the simulated batches")
             raise GleakError(f"no label attack beats chance on {simulations} batches simulated like this one "
                              f"({detail}): the labels are not recoverable here by these attacks")
-        # the best worst case over uniform and skewed batches: a real batch may be either
-        name = max(informative, key=lambda n: (informative[n].worst_margin, -informative[n].half_width))
+        name = best_informative({n: c.to_json() for n, c in informative.items()})
+        assert name is not None
         chosen = next(a for a in candidates if a.name == name)
         result = run_attack(chosen, ctx)
         if result.status != "ok":

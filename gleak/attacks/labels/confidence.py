@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,7 +47,6 @@ class Confidence:
     chance_iacc: float
     informative: bool
     simulations: int
-    errors: list[int] = field(default_factory=list, repr=False)  # |n̂_j − n_j| per simulated (batch, class)
     worst_margin: float = 0.0  # the smaller of (iAcc − chance) over the uniform and the Dirichlet batches
 
     def intervals(self, counts: torch.Tensor, total: int) -> list[list[int]]:
@@ -58,10 +57,23 @@ class Confidence:
     def to_json(self, counts: torch.Tensor | None = None, total: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"level": self.level, "half_width": self.half_width,
                                "expected_iacc": round(self.expected_iacc, 4), "chance_iacc": round(self.chance_iacc, 4),
-                               "informative": self.informative, "simulations": self.simulations}
+                               "informative": self.informative, "simulations": self.simulations,
+                               "worst_margin": round(self.worst_margin, 4)}
         if counts is not None and total is not None:
             out["intervals"] = self.intervals(counts, total)
         return out
+
+
+def best_informative(calibrated: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The attack to trust: among the informative ones, the best worst-case margin over chance (a real batch may be
+    uniform or skewed), then the narrower intervals; None when none is informative. Takes ``to_json`` dicts."""
+    informative = [n for n, c in calibrated.items() if c.get("informative")]
+    if not informative:
+        return None
+    def margin(c: Mapping[str, Any]) -> float:  # reports without worst_margin: the mean margin
+        return float(c.get("worst_margin", c["expected_iacc"] - c["chance_iacc"]))
+
+    return max(informative, key=lambda n: (margin(calibrated[n]), -calibrated[n]["half_width"]))
 
 
 def conformal_half_width(errors: Sequence[int], level: float) -> int:
@@ -98,7 +110,9 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
               seed: int = 0, cache: dict[tuple[Any, ...], dict[str, Confidence]] | None = None,
               ) -> tuple[dict[str, Confidence], str | None]:
     """Each attack's :class:`Confidence` for ``ctx``'s settings, and why there is none (one line) if there is not."""
+    from gleak.attacks.context import build_context
     from gleak.io import tensors_sha256
+    from gleak.metrics.labels import chance_scores, label_scores, truth_counts
     from gleak.models.loading import LoadedModel
     from gleak.simulate import ClientConfig, simulate_client
 
@@ -113,7 +127,7 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
     options = tuple(repr(a.used_options()) for a in attacks)
     sha = tensors_sha256(ctx.model.state_dict())  # the weights themselves, not an object id, key the cache
     key = (sha, ctx.aux.source, len(ctx.aux), id(ctx.aux), ctx.layer.name, repr(sorted(settings.items())), names,
-           repr(options), simulations, level, seed)
+           options, simulations, level, seed)
     if cache is not None and key in cache:
         return cache[key], None
     try:
@@ -122,9 +136,6 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
         iacc: dict[str, list[float]] = {a.name: [] for a in attacks}
         margins: dict[str, dict[str, list[float]]] = {a.name: {"uniform": [], "dirichlet": []} for a in attacks}
         chance: list[float] = []
-        from gleak.attacks.context import build_context
-        from gleak.metrics.labels import chance_scores, label_scores, truth_counts
-
         for i in range(simulations):
             composition = "dirichlet" if i % 2 else "uniform"
             config = ClientConfig(**settings, composition=composition, seed=seed + 7919 * i)
@@ -151,7 +162,7 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
         informative = bool(groups) and all(_beats(m) for m in groups)
         worst = min(statistics.fmean(m) for m in groups) if groups else 0.0
         out[attack.name] = Confidence(level, conformal_half_width(errors[attack.name], level), statistics.fmean(got),
-                                      statistics.fmean(chance), informative, len(got), errors[attack.name], worst)
+                                      statistics.fmean(chance), informative, len(got), worst)
     if cache is not None:
         if len(cache) >= CACHE_ENTRIES:
             cache.pop(next(iter(cache)))
