@@ -128,12 +128,15 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
     counts, and what the calibrated selector (``-a calibrated``) would return: the informative attack with the best
     worst-case margin, or a refusal."""
     from gleak.attacks.labels.confidence import best_informative, calibrate
+    from gleak.attacks.labels.stacking import features
 
     scores: dict[str, list[dict]] = {a.name: [] for a in attacks}
     chance = []
     cache: dict = {}
     covered: dict[str, list[bool]] = {a.name: [] for a in attacks}
+    covered["stacked"] = []
     picks: list[float | None] = []
+    stacked: list[float] = []
     for t in range(trials):
         model = spec.build(seed=t)
         cap, truth = simulate_client(model.module, client, ClientConfig(**config, seed=10_000 + t))
@@ -152,7 +155,11 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
             scores[attack.name].append(s)
         if simulations:
             conf, _ = calibrate(ctx, [a for a in attacks if a.not_applicable(ctx) is None], simulations=simulations,
-                                seed=0, cache=cache)
+                                seed=0, cache=cache, stack=True)
+            if "stacked" in conf and conf["stacked"].stack is not None:
+                fitted = conf["stacked"].stack
+                found["stacked"] = fitted.predict(features(ctx, found, fitted.names), ctx.total_examples or 0)
+                stacked.append(label_scores(found["stacked"], counts)["iacc"])
             for name, c in conf.items():
                 if name in found:
                     intervals = c.intervals(found[name], ctx.total_examples or 0)
@@ -165,6 +172,7 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
         row["calibrated"] = {"iacc": statistics.mean(kept) if kept else None, "refused": len(picks) - len(kept),
                              "trials": len(picks)}
         row["coverage"] = {n: statistics.mean(v) for n, v in covered.items() if v}
+        row["stacked"] = statistics.mean(stacked) if stacked else None
     for name, values in scores.items():
         if values:
             row[name] = {k: (statistics.mean(v[k] for v in values), statistics.pstdev(v[k] for v in values))
@@ -267,18 +275,21 @@ def markdown(results: dict[str, list[dict]], trials: int, speed: dict[str, float
     calibrated = [r for r in rows if "calibrated" in r]
     if calibrated:
         out += ["", "## the calibrated selector and the 90 % intervals' coverage", "",
-                "iAcc of `-a calibrated` over the trials it answered (refusals: no attack beat chance on both the "
-                "uniform and the skewed simulated batches), beside chance and the best single attack; coverage: the "
-                "share of (trial, class) pairs whose 90 % interval held the true count, per attack (min / max over "
-                "the attacks calibrated in that setting).", "",
-                "| model | setting | chance | best attack | calibrated | refused | coverage min | coverage max |",
-                "|---|---|---|---|---|---|---|---|"]
+                "iAcc of `-a calibrated` over the trials it answered (refusals: no candidate beat chance on both the "
+                "uniform and the skewed simulated batches), beside chance, the best single attack and the stacked "
+                "combination on every trial; coverage: the share of (trial, class) pairs whose 90 % interval held "
+                "the true count, per attack and for the combination (min / max over those calibrated in that "
+                "setting).", "",
+                "| model | setting | chance | best attack | stacked | calibrated | refused | coverage min | "
+                "coverage max |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for r in calibrated:
             best = max((a for a in ATTACKS if r[a] is not None), key=lambda a: r[a]["iacc"][0], default=None)
             c = r["calibrated"]
             cov = list(r["coverage"].values())
             out.append(f"| {r['model']} | {r['setting']} | {r['chance']:.3f} | "
                        + (f"{best} {r[best]['iacc'][0]:.3f}" if best else "—") + " | "
+                       + (f"{r['stacked']:.3f}" if r.get("stacked") is not None else "—") + " | "
                        + (f"{c['iacc']:.3f}" if c["iacc"] is not None else "—") + f" | {c['refused']}/{c['trials']} | "
                        + (f"{min(cov):.3f} | {max(cov):.3f}" if cov else "— | —") + " |")
     if speed:

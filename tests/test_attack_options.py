@@ -26,7 +26,7 @@ SMOOTHING = ROOT / "samples/captures/smoothing_1.safetensors"
 
 # the module constants the options replaced, with their values before options existed
 OLD_DEFAULTS = {
-    "calibrated": {"simulations": 24},
+    "calibrated": {"simulations": 24, "stack": True},
     "rlu": {"mc_samples": 2000, "search_iterations": 5, "max_simulated_steps": 100, "gls_max_classes": 20,
             "gls_ridge": 0.1},
     "llg-star": {"repeats": 10},

@@ -4,21 +4,25 @@ Which attack recovers labels best depends on the model and the setting (on the t
 ``bench/labels.py --suite trained`` the best attack changes between zlg-plus, llg-plus, posterior and rlu from cell
 to cell, and in 45 of 168 cells even the best is below chance). This attack calibrates every applicable label
 attack on contributions simulated from the auxiliary data with the capture's settings
-(:mod:`gleak.attacks.labels.confidence`), keeps those that beat chance there, and returns the counts of the one
-with the highest expected iAcc. When none beats chance it does not guess: it fails with the reason, so it is never
-worse than chance where the simulation can tell. Runs only when named (``-a calibrated``): the calibration costs
-K simulated contributions × every attack, about 5 s for a B = 32 LeNet-5 gradient at K = 24.
+(:mod:`gleak.attacks.labels.confidence`), together with a ridge combination of all of them and the raw last-layer
+statistics fitted on the same simulations (:mod:`gleak.attacks.labels.stacking`; option ``stack``), keeps the
+candidates that beat chance there, and returns the counts of the one with the best worst-case margin over chance.
+When none beats chance it does not guess: it fails with the reason, so it is never worse than chance where the
+simulation can tell. Runs only when named (``-a calibrated``): the calibration costs K simulated contributions ×
+every attack, about 5 s for a B = 32 LeNet-5 gradient at K = 24.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import torch
 from pydantic import Field
 
 from gleak.attacks.base import Attack, LabelOutput, Requirements, attacks_for, register, run_attack
 from gleak.attacks.context import Context
 from gleak.attacks.labels.confidence import SIMULATIONS, best_informative, calibrate
+from gleak.attacks.labels.stacking import Stack, features
 from gleak.attacks.options import AttackOptions
 from gleak.errors import GleakError
 
@@ -29,6 +33,8 @@ _CACHE: dict[tuple[Any, ...], Any] = {}
 class CalibratedOptions(AttackOptions):
     simulations: int = Field(SIMULATIONS, ge=4, le=1000, description="contributions simulated from the aux data "
                              "to measure every attack")
+    stack: bool = Field(True, description="also fit and calibrate a ridge combination of the attacks and the raw "
+                        "last-layer statistics on the simulated contributions (gleak.attacks.labels.stacking)")
 
 
 @register
@@ -39,15 +45,17 @@ class Calibrated(Attack):
     summary = "the attack with the best iAcc on batches simulated like this one; refuses when none beats chance"
     requires = Requirements(gradient_view=False, needs_model_forward=True, needs_aux=True)
     default: ClassVar[bool] = False
-    Options = CalibratedOptions
+    Options: ClassVar[type[AttackOptions]] = CalibratedOptions
+    options: CalibratedOptions
 
     def run(self, ctx: Context) -> LabelOutput:
         candidates = [a for a in attacks_for("labels")
                       if a.name not in (self.name, "softlabel") and a.not_applicable(ctx) is None]
         if not candidates:
             raise GleakError("no other label attack applies to this capture")
-        simulations = int(self.options.simulations)  # type: ignore[attr-defined]
-        calibrated, why = calibrate(ctx, candidates, simulations=simulations, seed=ctx.seed, cache=_CACHE)
+        simulations = self.options.simulations
+        calibrated, why = calibrate(ctx, candidates, simulations=simulations, seed=ctx.seed, cache=_CACHE,
+                                    stack=self.options.stack)
         if why:
             raise GleakError(why)
         informative = {n: c for n, c in calibrated.items() if c.informative}
@@ -55,18 +63,41 @@ class Calibrated(Attack):
         summary = {n: round(c.expected_iacc, 4) for n, c in ranked}
         if not informative:
             best_name, best = ranked[0] if ranked else ("none", None)
-            detail = (f"best {best_name} at iAcc {best.expected_iacc:.3f} vs chance {best.chance_iacc:.3f}"
-                      if best is not None else "no attack ran on the simulated batches")
-            raise GleakError(f"no label attack beats chance on {simulations} batches simulated like this one "
-                             f"({detail}): the labels are not recoverable here by these attacks")
+            detail = (f"best {best_name} at iAcc {best.expected_iacc:.3f} vs chance {best.chance_iacc:.3f}, "
+                      f"worst-case margin {best.worst_margin:+.3f}" if best is not None
+                      else "no attack ran on the simulated batches")
+            raise GleakError(f"no label attack beats chance on both the uniform and the skewed batches of "
+                             f"{simulations} simulated like this one ({detail}): the labels are not recoverable "
+                             "here by these attacks")
         name = best_informative({n: c.to_json() for n, c in informative.items()})
         assert name is not None
-        chosen = next(a for a in candidates if a.name == name)
-        result = run_attack(chosen, ctx)
-        if result.status != "ok":
-            raise GleakError(f"the chosen attack {name} did not finish: {result.reason}")
         conf = informative[name]
-        return LabelOutput(counts=result.labels.counts, warnings=list(result.warnings), diagnostics={
+        if conf.stack is not None:
+            counts, warnings = self._stacked(ctx, candidates, conf.stack)
+        else:
+            chosen = next(a for a in candidates if a.name == name)
+            result = run_attack(chosen, ctx)
+            if result.status != "ok":
+                raise GleakError(f"the chosen attack {name} did not finish: {result.reason}")
+            counts, warnings = result.labels.counts, list(result.warnings)
+        return LabelOutput(counts=counts, warnings=warnings, diagnostics={
             "chosen": name, "expected_iacc": round(conf.expected_iacc, 4), "chance_iacc": round(conf.chance_iacc, 4),
             "half_width": conf.half_width, "worst_margin_over_chance": round(conf.worst_margin, 4),
             "expected_iacc_by_attack": summary})
+
+    @staticmethod
+    def _stacked(ctx: Context, candidates: list[Attack], stack: Stack) -> tuple[torch.Tensor, list[str]]:
+        """The fitted combination applied to this capture: every combined attack run on it, then the ridge."""
+        found: dict[str, torch.Tensor] = {}
+        missing = []
+        for attack in candidates:
+            if attack.name not in stack.names:
+                continue
+            result = run_attack(attack, ctx)
+            if result.status == "ok":
+                found[attack.name] = result.labels.counts
+            else:
+                missing.append(attack.name)
+        warnings = ([f"stacked: {', '.join(missing)} did not run on this capture; the prior stands in for them"]
+                    if missing else [])
+        return stack.predict(features(ctx, found, stack.names), ctx.total_examples or 0), warnings
