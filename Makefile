@@ -44,7 +44,7 @@ flower-example: setup
 test: setup
 	GLEAK_EXTRAS=dev,flower,nvflare,ray bash scripts/setup-venv.sh
 	$(BIN)/pytest
-	$(BIN)/pytest -m integration
+	$(BIN)/pytest -m 'integration or extended'
 
 lint: setup
 	$(BIN)/ruff check gleak tests scripts

@@ -195,6 +195,7 @@ def test_labels_records_default_options(gleak) -> None:
     assert by["llg"]["options"] == {} and by["zlg"]["options"] == {"dummy_samples": 256}
 
 
+@pytest.mark.extended
 def test_reconstruct_option_runs_that_many_iterations(gleak, tmp_path: Path) -> None:
     r = gleak("reconstruct", SMOOTHING, "-M", LENET, "-o", tmp_path / "out", "-a", "ig", "-O", "ig.iterations=3",
               "-O", "ig.lr=0.05", "--tv", "0.001", "--lpips", "off", "--format", "json")

@@ -178,6 +178,7 @@ def test_bad_model_inputs(gleak, tmp_path: Path) -> None:
     assert_clean_error(gleak("inspect", FEDSGD, "--model", pickled), "--trust-pickle")
 
 
+@pytest.mark.extended
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=300))
 def test_random_bytes_never_traceback(gleak, tmp_path: Path, data: bytes) -> None:
@@ -192,6 +193,7 @@ _values = st.one_of(st.text(max_size=12), st.integers(-5, 64).map(str), st.float
                     st.sampled_from(["[1,28,28]", "[0.5]", "true", "gradient", "update", "mean", "{}", "null", "[]"]))
 
 
+@pytest.mark.extended
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(meta=st.dictionaries(_keys, _values, max_size=6))
 def test_random_metadata_never_traceback(gleak, tmp_path: Path, meta: dict[str, str]) -> None:

@@ -221,6 +221,7 @@ def test_fcn_is_not_applicable_to_convolutional_networks() -> None:
     assert "Conv2d" in get_attack("fcn").not_applicable(ctx)
 
 
+@pytest.mark.extended
 def test_dlg_uses_its_budget_and_ig_is_deterministic(tmp_path, cnn) -> None:
     """The fast check (the accuracy one below is marked slow): 20 L-BFGS steps run > 10 evaluations each (torch's
     absolute tolerances used to end them after one or two) and already climb past 15 dB; ig is seeded."""
@@ -249,6 +250,7 @@ def test_dlg_and_ig_recover_a_cifar_image(tmp_path, cnn) -> None:
     assert ig.output.diagnostics["iterations_run"] == 300 and ig.output.diagnostics["optimizer"] == "adam"
 
 
+@pytest.mark.extended
 def test_feature_term_pulls_the_last_layer_input(tmp_path, cnn) -> None:
     path = single_capture(tmp_path, cnn, CIFAR, seed=1)
     ctx, truth = context_for(path, cnn)

@@ -105,6 +105,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((-10 * per.log10()).mean())
 
 
+@pytest.mark.extended
 def test_decoder_beats_the_mean_image_on_unseen_images(tmp_path: Path) -> None:
     """Trained on 400 images (every class), the decoder reconstructs 200 images it never saw better than the
     training set's mean image does (the best output of a decoder that ignores its feature)."""
