@@ -128,7 +128,6 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
     counts, and what the calibrated selector (``-a calibrated``) would return: the informative attack with the best
     worst-case margin, or a refusal."""
     from gleak.attacks.labels.confidence import best_informative, calibrate
-    from gleak.attacks.labels.stacking import features
 
     scores: dict[str, list[dict]] = {a.name: [] for a in attacks}
     chance = []
@@ -157,8 +156,7 @@ def run_setting(label: str, spec: ModelSpec, config: dict, trials: int, client, 
             conf, _ = calibrate(ctx, [a for a in attacks if a.not_applicable(ctx) is None], simulations=simulations,
                                 seed=0, cache=cache, stack=True)
             if "stacked" in conf and conf["stacked"].stack is not None:
-                fitted = conf["stacked"].stack
-                found["stacked"] = fitted.predict(features(ctx, found, fitted.names), ctx.total_examples or 0)
+                found["stacked"] = conf["stacked"].stack.counts_for(ctx, found)
                 stacked.append(label_scores(found["stacked"], counts)["iacc"])
             for name, c in conf.items():
                 if name in found:

@@ -22,7 +22,7 @@ from pydantic import Field
 from gleak.attacks.base import Attack, LabelOutput, Requirements, attacks_for, register, run_attack
 from gleak.attacks.context import Context
 from gleak.attacks.labels.confidence import SIMULATIONS, best_informative, calibrate
-from gleak.attacks.labels.stacking import Stack, features
+from gleak.attacks.labels.stacking import Stack
 from gleak.attacks.options import AttackOptions
 from gleak.errors import GleakError
 
@@ -100,4 +100,4 @@ class Calibrated(Attack):
                 missing.append(attack.name)
         warnings = ([f"stacked: {', '.join(missing)} did not run on this capture; the prior stands in for them"]
                     if missing else [])
-        return stack.predict(features(ctx, found, stack.names), ctx.total_examples or 0), warnings
+        return stack.counts_for(ctx, found), warnings

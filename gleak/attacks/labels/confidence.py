@@ -34,18 +34,21 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gleak.attacks.base import Attack, run_attack
 from gleak.attacks.context import Context
+from gleak.attacks.labels import stacking
 from gleak.attacks.labels.stacking import Stack
 from gleak.data import Dataset
 from gleak.errors import GleakError
+from gleak.metrics.labels import label_scores
 
 LEVEL = 0.9
+COMPOSITIONS = ("uniform", "dirichlet")
 SIMULATIONS = 24
 CACHE_ENTRIES = 16
 
@@ -136,14 +139,34 @@ def split_aux(aux: Dataset, seed: int) -> tuple[Dataset, Dataset]:
     return aux.subset(torch.cat(pool)), aux.subset(torch.cat(stats))
 
 
-def _summarise(errors: Mapping[str, Sequence[int]], iacc: Sequence[float], margins: Mapping[str, Sequence[float]],
-               chance: Sequence[float], level: float, stack: Stack | None = None) -> Confidence:
-    groups = [m for m in margins.values() if m]
-    informative = bool(groups) and all(_beats(m) for m in groups)
-    worst = min(statistics.fmean(m) for m in groups) if groups else 0.0
-    half_width = max(conformal_half_width(e, level) for e in errors.values() if e)
-    return Confidence(level, half_width, statistics.fmean(iacc), statistics.fmean(chance), informative, len(iacc),
-                      worst, stack)
+@dataclass
+class _Tally:
+    """One candidate's record on the simulated batches: errors and margins over chance by composition, iAcc."""
+
+    errors: dict[str, list[int]] = field(default_factory=lambda: {c: [] for c in COMPOSITIONS})
+    margins: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in COMPOSITIONS})
+    iacc: list[float] = field(default_factory=list)
+    chance: list[float] = field(default_factory=list)
+
+    def add(self, counts: torch.Tensor, true: torch.Tensor, composition: str, chance: float) -> None:
+        self.errors[composition] += (counts - true).abs().tolist()
+        self.iacc.append(label_scores(counts, true)["iacc"])
+        self.chance.append(chance)
+        self.margins[composition].append(self.iacc[-1] - chance)
+
+    def summary(self, level: float, stack: Stack | None = None) -> Confidence:
+        """Intervals from the larger per-composition quantile; informative only when both compositions beat chance."""
+        groups = [m for m in self.margins.values() if m]
+        informative = bool(groups) and all(_beats(m) for m in groups)
+        worst = min(statistics.fmean(m) for m in groups) if groups else 0.0
+        half_width = max(conformal_half_width(e, level) for e in self.errors.values() if e)
+        return Confidence(level, half_width, statistics.fmean(self.iacc), statistics.fmean(self.chance), informative,
+                          len(self.iacc), worst, stack)
+
+
+def _composition(i: int) -> str:
+    """Simulated batch i: even ones uniform, odd ones Dirichlet(0.5)."""
+    return COMPOSITIONS[i % 2]
 
 
 def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULATIONS, level: float = LEVEL,
@@ -151,9 +174,8 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
               ) -> tuple[dict[str, Confidence], str | None]:
     """Each attack's :class:`Confidence` for ``ctx``'s settings, and why there is none (one line) if there is not."""
     from gleak.attacks.context import build_context
-    from gleak.attacks.labels import stacking
     from gleak.io import tensors_sha256
-    from gleak.metrics.labels import chance_scores, label_scores, truth_counts
+    from gleak.metrics.labels import chance_scores, truth_counts
     from gleak.models.loading import LoadedModel
     from gleak.simulate import ClientConfig, simulate_client
 
@@ -173,17 +195,13 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
         return cache[key], None
     try:
         loaded = LoadedModel(ctx.model, "calibration", None, {}, ctx.input_shape, sha, {})
-        errors: dict[str, dict[str, list[int]]] = {a.name: {"uniform": [], "dirichlet": []} for a in attacks}
-        iacc: dict[str, list[float]] = {a.name: [] for a in attacks}
-        margins: dict[str, dict[str, list[float]]] = {a.name: {"uniform": [], "dirichlet": []} for a in attacks}
-        chance: list[float] = []
+        tallies = {a.name: _Tally() for a in attacks}
         pool, stats = split_aux(ctx.aux, seed)
         xs: list[torch.Tensor] = []
         ys: list[torch.Tensor] = []
-        kinds: list[str] = []
+        chance: list[float] = []
         for i in range(simulations):
-            composition = "dirichlet" if i % 2 else "uniform"
-            config = ClientConfig(**settings, composition=composition, seed=seed + 7919 * i)
+            config = ClientConfig(**settings, composition=_composition(i), seed=seed + 7919 * i)
             capture, truth = simulate_client(ctx.model, pool, config)
             sim = build_context(capture, loaded, stats, ctx.device, seed + i, ctx.layer.name, loss=ctx.loss)
             true = truth_counts(truth.labels, ctx.num_classes)
@@ -191,35 +209,21 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
             found: dict[str, torch.Tensor] = {}
             for attack in attacks:
                 result = run_attack(attack, sim)
-                if result.status != "ok":
-                    continue
-                counts = found[attack.name] = result.labels.counts
-                errors[attack.name][composition] += (counts - true).abs().tolist()
-                iacc[attack.name].append(label_scores(counts, true)["iacc"])
-                margins[attack.name][composition].append(iacc[attack.name][-1] - chance[-1])
+                if result.status == "ok":
+                    found[attack.name] = result.labels.counts
+                    tallies[attack.name].add(found[attack.name], true, _composition(i), chance[-1])
             if stack:
                 xs.append(stacking.features(sim, found, names))
                 ys.append(true)
-                kinds.append(composition)
     except GleakError as e:
         return {}, f"not calibrated: simulating the client failed ({e})"
-    out: dict[str, Confidence] = {}
-    for attack in attacks:
-        got = iacc[attack.name]
-        if len(got) < max(2, simulations // 2):
-            continue  # the attack rarely runs in these settings: no calibration rather than a weak one
-        out[attack.name] = _summarise(errors[attack.name], got, margins[attack.name], chance, level)
+    # an attack that rarely runs in these settings gets no calibration rather than a weak one
+    out = {name: t.summary(level) for name, t in tallies.items() if len(t.iacc) >= max(2, simulations // 2)}
     if stack and len(xs) >= 4:
-        total = ctx.total_examples or 0
-        predicted = stacking.out_of_fold(xs, ys, names, total)
-        s_errors: dict[str, list[int]] = {"uniform": [], "dirichlet": []}
-        s_margins: dict[str, list[float]] = {"uniform": [], "dirichlet": []}
-        s_iacc: list[float] = []
-        for counts, true, kind, base in zip(predicted, ys, kinds, chance, strict=True):
-            s_errors[kind] += (counts - true).abs().tolist()
-            s_iacc.append(label_scores(counts, true)["iacc"])
-            s_margins[kind].append(s_iacc[-1] - base)
-        out["stacked"] = _summarise(s_errors, s_iacc, s_margins, chance, level, stacking.fit(xs, ys, names))
+        combined = _Tally()
+        for i, counts in enumerate(stacking.out_of_fold(xs, ys, names, ctx.total_examples or 0)):
+            combined.add(counts, ys[i], _composition(i), chance[i])
+        out["stacked"] = combined.summary(level, stacking.fit(xs, ys, names))
     if cache is not None:
         if len(cache) >= CACHE_ENTRIES:
             cache.pop(next(iter(cache)))

@@ -25,22 +25,24 @@ import torch
 
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import round_counts
+from gleak.errors import GleakError
 
 RIDGE = 1.0  # on standardised features; the fits have ≥ 10 rows per coefficient at the default K
 FOLDS = 6
-RAW = ("bias", "row_sum", "row_through_weights", "row_through_aux_features", "bias_l1")
 
 
 def features(ctx: Context, counts: Mapping[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
     """[C, F] per-class features of one contribution: the raw statistics, then each named attack's counts."""
     layer, C = ctx.layer, ctx.num_classes
     if layer.grad_weight is None:
-        raise ValueError("the capture has no last-layer tensor")
+        raise GleakError("the capture has no last-layer tensor to combine the attacks on")
     gw = layer.grad_weight.double()
     gb = layer.grad_bias.double() if layer.grad_bias is not None else torch.zeros(C, dtype=torch.float64)
     h, _, y = ctx.aux_forward()
     h = h.double().flatten(1)
-    means = torch.stack([h[y == c].mean(0) if bool((y == c).any()) else h.mean(0) for c in range(C)])
+    onehot = torch.nn.functional.one_hot(y.long(), C).double()
+    n = onehot.sum(0)
+    means = torch.where((n > 0)[:, None], onehot.T @ h / n.clamp_min(1)[:, None], h.mean(0))  # absent class: overall
     prior = torch.full((C,), (ctx.total_examples or 0) / C, dtype=torch.float64)
     cols = [gb, gw.sum(1), (gw * layer.weight.double()).sum(1), (gw * means).sum(1), gb.abs().sum().expand(C)]
     cols += [counts[n].double() if n in counts else prior for n in names]
@@ -61,6 +63,10 @@ class Stack:
         """Counts that sum to ``total`` from one contribution's [C, F] features."""
         real = ((x - self.mean) / self.scale) @ self.weights + self.intercept
         return round_counts(real.numpy(), total)
+
+    def counts_for(self, ctx: Context, found: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The combination's counts for ``ctx``, given the counts the combined attacks found on it."""
+        return self.predict(features(ctx, found, self.names), ctx.total_examples or 0)
 
 
 def fit(xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor], names: Sequence[str], ridge: float = RIDGE) -> Stack:
@@ -90,4 +96,4 @@ def out_of_fold(xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor], names: S
     return out
 
 
-__all__ = ["RAW", "Stack", "features", "fit", "out_of_fold"]
+__all__ = ["Stack", "features", "fit", "out_of_fold"]
