@@ -235,7 +235,7 @@ def labels(
     results = run_label_attacks(inputs.ctx, chosen, counts, progress, truth_soft, confidence)
     data = labels_report(inputs, results, counts)
     data["truth_soft_label"] = truth_soft.tolist() if truth_soft is not None else None
-    ran = {r.attack for r in results if r.status == "ok"}
+    ran = {r.attack for r in results if r.status != "not_applicable"}  # a failed attack still used its options
     data["ignored_options"] = ([] if augmentation is None or "softlabel" in ran else
                                ["--augmentation: only softlabel uses it, and softlabel did not run"])
     data["ignored_options"] += [f"-O {name}.{key}: {name} did not run" for name, values in assignments.items()
@@ -252,6 +252,7 @@ def labels(
     if all(r.status != "ok" for r in results):
         from gleak.errors import ReportedError
 
-        raise ReportedError("no label attack applies to this capture (reasons above / in the JSON)")
+        raise ReportedError("no label attack applies to this capture (reasons above / in the JSON)" if not ran else
+                            "no label attack gave counts for this capture (reasons above / in the JSON)")
     if output is not None:
         write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)
