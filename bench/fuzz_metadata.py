@@ -16,9 +16,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gleak.capture import SCHEMA, read_safetensors
+from gleak.capture import SCHEMA
 from gleak.cli import app
-from gleak.io import safetensors_bytes
+from gleak.io import read_safetensors, safetensors_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

@@ -82,10 +82,8 @@ def reconstruct(ctx, truth: Truth, attack_name: str, labels: str, seed: int, **o
         inputs = prepare(ctx, "auto" if labels == "recovered" else "truth", truth,
                          want_feature=attack_name in ("feature", "fcn"))
     attack = get_attack(attack_name)
-    attack.options.targets, attack.options.feature = inputs.targets, inputs.feature
-    for key, value in options.items():
-        setattr(attack.options, key, value)
-    result = run_attack(attack, ctx)
+    attack.configure(options)
+    result = run_attack(attack, ctx, inputs.run_inputs())
     if result.status != "ok":
         raise RuntimeError(f"{attack_name}: {result.reason}")
     scores = image_scores(result.output.images, to_pixels(ctx, truth.inputs), LPIPS)

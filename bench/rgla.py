@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from scipy.optimize import linear_sum_assignment  # noqa: E402
 
-from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
+from gleak.attacks import RunInputs, build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.reconstruct.base import to_pixels  # noqa: E402
 from gleak.attacks.reconstruct.disaggregate import OutputSystem  # noqa: E402
 from gleak.capture import capture_gradients  # noqa: E402
@@ -183,15 +183,8 @@ def cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def run(name: str, ctx, targets: torch.Tensor, generator: GeneratorFile | None = None, **options: Any):
     attack = get_attack(name)
-    if options:
-        if name in ("rgla", "fgla"):
-            attack.configure(options)
-        else:
-            for key, value in options.items():
-                setattr(attack.options, key, value)
-    attack.options.targets = targets
-    attack.options.generator = generator
-    result = run_attack(attack, ctx)
+    attack.configure(options)
+    result = run_attack(attack, ctx, RunInputs(targets=targets, generator=generator))
     if result.status != "ok":
         raise RuntimeError(f"{name}: {result.status}: {result.reason}")
     return result

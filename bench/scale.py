@@ -60,8 +60,8 @@ def measure(folder: Path, executor: str, jobs: int, limit: int) -> dict[str, obj
     import torch
 
     torch.set_num_threads(1)
-    from gleak.audit import AuditConfig, find_captures, run_audit
     from gleak.report.formats import get_format
+    from gleak.runs.audit import AuditConfig, find_captures, run_audit
 
     files = find_captures([folder])[:limit]
     stamps: list[float] = []

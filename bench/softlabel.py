@@ -88,7 +88,8 @@ def run(label: str, model: LoadedModel, data: Dataset, kind: str, n: int,
     rng = np.random.default_rng(seed)
     attack = get_attack("softlabel")
     if noise is not None:
-        attack.augmentation = kind  # as the paper's Table 5: the augmentation is known, only λ is searched
+        # as the paper's Table 5: the augmentation is known, only λ is searched
+        attack.configure({"augmentation": kind})
     ok, l1s, times, stages, oracle, strict, errors = 0, [], [], [], 0, 0, []
     for k in range(n):
         x, y = sample(data, kind, rng)

@@ -1,6 +1,6 @@
 """Capture format v1: one client contribution (gradient or update) in a safetensors file.
 
-Specified in the README ("Capture format v1") and docs/capture-format.md.
+Specified in docs/capture-format.md.
 Tensors keep the model's ``state_dict`` names. Metadata is strings only (a safetensors rule); every known
 key is parsed through one typed schema table, :data:`SCHEMA`, and unknown keys are kept verbatim.
 A *truth* companion file (``<capture>.truth.safetensors``) holds the labels and inputs for scoring.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,19 +18,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from gleak import __version__
 from gleak.errors import GleakError, shorten
-from gleak.io import check_input_file, file_sha256, save_safetensors, tensors_sha256
+from gleak.io import (
+    MAX_INPUT_ELEMENTS,
+    MODEL_HINT,
+    check_input_shape,
+    describe_key_mismatch,
+    file_sha256,
+    quote_names,
+    read_safetensors,
+    save_safetensors,
+    tensors_sha256,
+)
 from gleak.losses import LossSpec, client_loss
+from gleak.models.lastlayer import guess_last_layer
 
 SCHEMA_VERSION = 1
 KINDS = ("gradient", "update")
 TRUTH_KIND = "truth"
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-MAX_INPUT_ELEMENTS = 1 << 24  # values in one example (C·H·W); ImageNet at 3×224×224 is 150,528
 SHA256_HEX = frozenset("0123456789abcdef")
 
 
@@ -171,16 +178,6 @@ def _parse_value(key: str, raw: str) -> Any:
 
 
 MAX_META_VALUE = 1 << 20  # characters of one typed metadata value
-
-
-def check_input_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
-    """A (C, H, W)-like shape of positive sizes with at most :data:`MAX_INPUT_ELEMENTS` values per example."""
-    if not shape or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
-        raise GleakError(f"{what} must be a non-empty list of positive sizes, got {shorten(str(list(shape)), 60)}")
-    if math.prod(shape) > MAX_INPUT_ELEMENTS:
-        raise GleakError(f"{what} {shorten(str(list(shape)), 60)} has {math.prod(shape):,} values per example, "
-                         f"more than the {MAX_INPUT_ELEMENTS:,} gleak accepts")
-    return tuple(shape)
 
 
 def _format_value(key: str, value: Any) -> str:
@@ -324,87 +321,6 @@ class Truth:
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """Validate the safetensors framing ourselves so that errors are precise; return the header."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise GleakError(f"{path}: not a safetensors file (only {len(head)} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n == 0 or n > MAX_HEADER_BYTES:
-                raise GleakError(f"{path}: not a safetensors file (header length {n} is implausible)")
-            if n > size - 8:
-                raise GleakError(
-                    f"{path}: truncated header (it declares {n} bytes, the file has {size - 8} after the length)"
-                )
-            raw = f.read(n)
-    except OSError as e:
-        raise GleakError(f"{path}: cannot read file ({e.strerror or e})") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise GleakError(f"{path}: not a safetensors file (header is not valid JSON)") from None
-    if not isinstance(header, dict):
-        raise GleakError(f"{path}: not a safetensors file (header is not a JSON object)")
-    meta = header.get("__metadata__", {})
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise GleakError(f"{path}: safetensors metadata must map strings to strings")
-    data_len = size - 8 - n
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) for o in offsets)):
-            raise GleakError(f"{path}: tensor '{name}' has a malformed header entry")
-        if offsets[1] > data_len:
-            raise GleakError(
-                f"{path}: truncated file (tensor '{name}' needs bytes up to {offsets[1]}, "
-                f"only {data_len} present)"
-            )
-    return header, n
-
-
-def safetensors_kind(path: Path) -> str | None:
-    """``gleak.kind`` from a safetensors header, reading neither the tensors nor checking them (None when the
-    file is not a readable safetensors file or records no kind): for telling gleak files apart cheaply."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                return None
-            (size,) = struct.unpack("<Q", raw)
-            if size > MAX_HEADER_BYTES:
-                return None
-            header = json.loads(f.read(size))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    kind = meta.get("gleak.kind") if isinstance(meta, dict) else None
-    return kind if isinstance(kind, str) else None
-
-
-def read_safetensors(path: str | Path, what: str = "file") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read every tensor and the raw metadata of a safetensors file, with readable errors."""
-    p = check_input_file(path, what)
-    header, _ = _read_header(p)
-    try:
-        tensors: dict[str, torch.Tensor] = {}
-        with safe_open(str(p), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                tensors[name] = f.get_tensor(name)
-    except GleakError:
-        raise
-    except Exception as e:  # the Rust reader reports dtype/shape/offset problems as generic errors
-        raise GleakError(f"{p}: not a valid safetensors file ({str(e).splitlines()[0][:200]})") from None
-    order = [k for k in header if k != "__metadata__"]
-    ordered = {k: tensors[k] for k in sorted(order, key=lambda k: header[k]["data_offsets"][0])}
-    return ordered, meta
-
-
 def check_finite(tensors: Mapping[str, torch.Tensor], what: str = "tensor") -> None:
     for name, t in tensors.items():
         if t.is_floating_point() or t.is_complex():
@@ -445,19 +361,11 @@ def validate_against_model(capture: Capture, model: nn.Module) -> None:
     params = [n for n in state if n not in buffer_names]
     missing = [n for n in params if n not in capture.tensors]
     extra = [n for n in capture.tensors if n not in state]
-    problems = []
-    if missing:
-        problems.append(f"missing {len(missing)} model tensor(s): {_names(missing)}")
-    if extra:
-        problems.append(f"{len(extra)} tensor(s) not in the model: {_names(extra)}")
+    shapes = [(name, tuple(t.shape), tuple(state[name].shape)) for name, t in capture.tensors.items()
+              if name in state and tuple(t.shape) != tuple(state[name].shape)]
+    problems = describe_key_mismatch(missing, extra, shapes, have="capture", hint=MODEL_HINT)
     if problems:
-        raise GleakError("capture does not match the model: " + "; ".join(problems))
-    for name, t in capture.tensors.items():
-        expected = tuple(state[name].shape)
-        if tuple(t.shape) != expected:
-            raise GleakError(
-                f"shape mismatch for '{name}': capture has {list(t.shape)}, model has {list(expected)}"
-            )
+        raise GleakError("capture does not match the model: " + problems)
 
 
 @dataclass(frozen=True)
@@ -488,11 +396,6 @@ def check_model_hash(capture: Capture, weights_sha256: str, allow_mismatch: bool
                          f"with (gleak.model.sha256 {recorded[:12]}…); pass the global model of that round, or "
                          "--allow-model-mismatch to attack anyway (reports record it)")
     return ModelCheck("mismatch_allowed", recorded, weights_sha256)
-
-
-def _names(names: Sequence[str], limit: int = 5) -> str:
-    shown = ", ".join(f"'{n}'" for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -667,8 +570,6 @@ def capture_gradients(
 
 def _infer_num_classes(tensors: Mapping[str, torch.Tensor]) -> int | None:
     """Classes C from the update's last layer (the last 2-D weight with a matching bias), when one is found."""
-    from gleak.models.lastlayer import guess_last_layer  # gleak.models imports this module
-
     try:
         return guess_last_layer(tensors).num_classes
     except GleakError:
@@ -705,7 +606,7 @@ def capture_update(
     """
     if set(global_state) != set(local_state):
         diff = sorted(set(global_state) ^ set(local_state))
-        raise GleakError(f"the two state dicts have different tensors: {_names(diff)}")
+        raise GleakError(f"the two state dicts have different tensors: {quote_names(diff)}")
     if momentum is not None and optimizer not in ("sgdm", "nag"):
         raise GleakError("momentum applies to optimizer 'sgdm' or 'nag'")
     tensors = {}

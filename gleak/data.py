@@ -18,9 +18,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from gleak.capture import MAX_INPUT_ELEMENTS, read_safetensors
 from gleak.errors import GleakError
-from gleak.io import check_input_dir, check_input_file, save_safetensors
+from gleak.io import MAX_INPUT_ELEMENTS, check_input_dir, check_input_file, read_safetensors, save_safetensors
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class GleakError(Exception):
     """Bad input: an unreadable file, a mismatch, missing metadata. The CLI prints it in one line, exit 2."""
@@ -21,3 +23,23 @@ def shorten(text: str, limit: int = 120) -> str:
     if len(text) <= limit:
         return text
     return f"{text[: max(limit - 30, 10)]}… ({len(text):,} characters)"
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'fail-on'?"`` for the choice closest to ``name``, or "" when none is close.
+
+    Underscores and dashes count as the same character (``fail_on`` finds ``fail-on``), and so do upper and
+    lower case; otherwise :func:`difflib.get_close_matches` decides."""
+    import difflib
+
+    options = list(dict.fromkeys(choices))
+
+    def norm(text: str) -> str:
+        return text.lower().replace("_", "-")
+
+    exact = [c for c in options if norm(c) == norm(name) and c != name]
+    if exact:
+        return f"; did you mean '{exact[0]}'?"
+    by_norm = {norm(c): c for c in options}
+    close = difflib.get_close_matches(norm(name), list(by_norm), n=1, cutoff=0.6)
+    return f"; did you mean '{by_norm[close[0]]}'?" if close else ""

@@ -1,27 +1,32 @@
-"""File helpers shared by every writer: atomic writes that never overwrite without ``force``, hashing."""
+"""File helpers: atomic writes that never overwrite without ``force``, hashing, bounds on inputs, safetensors reading
+and writing with readable errors, and the wording of tensor-name mismatches."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import math
 import os
 import pickle
 import shutil
 import stat
 import struct
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
+from safetensors import safe_open
 
 from gleak.errors import GleakError, shorten
 
 GIB = 1 << 30
 MAX_INPUT_BYTES = 16 * GIB  # a sanity bound on any one input file (models, captures, data sets, reports)
 MAX_JSON_BYTES = 64 << 20  # JSON inputs (label reports) are small
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the JSON header of a safetensors file
+MAX_INPUT_ELEMENTS = 1 << 24  # values in one example (C·H·W); ImageNet at 3×224×224 is 150,528
 
 
 def show(path: str | os.PathLike[str]) -> str:
@@ -65,6 +70,56 @@ def check_input_dir(path: str | os.PathLike[str], what: str) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise GleakError(f"{what} {show(p)} is not a folder")
     return p
+
+
+def check_input_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    """A (C, H, W)-like shape of positive sizes with at most :data:`MAX_INPUT_ELEMENTS` values per example."""
+    if not shape or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+        raise GleakError(f"{what} must be a non-empty list of positive sizes, got {shorten(str(list(shape)), 60)}")
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise GleakError(f"{what} {shorten(str(list(shape)), 60)} has {math.prod(shape):,} values per example, "
+                         f"more than the {MAX_INPUT_ELEMENTS:,} gleak accepts")
+    return tuple(shape)
+
+
+# ------------------------------------------------------------------------ tensors that do not match a model
+
+MODEL_HINT = "is this the model the capture was made with? pass it with --model (and --arch for weight files)"
+FC_LAYER_HINT = MODEL_HINT + ", or name the capture's last layer with --fc-layer"
+ARCH_HINT = "are --arch and --arch-kwargs the architecture these weights were saved from?"
+
+
+def quote_names(names: Sequence[str], limit: int = 5) -> str:
+    """``'a', 'b', 'c' and 4 more``: tensor names for an error message."""
+    shown = ", ".join(f"'{n}'" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def describe_key_mismatch(
+    missing: Sequence[str],
+    extra: Sequence[str],
+    shapes: Sequence[tuple[str, Sequence[int], Sequence[int]]] = (),
+    *,
+    have: str = "file",
+    hint: str | None = None,
+) -> str:
+    """How named tensors (a capture, a weights file: ``have``) differ from a model's, in one line; empty when they
+    do not. ``shapes`` holds ``(name, shape in have, shape in the model)``. ``hint`` (what to pass instead) ends it.
+
+    e.g. ``missing 1 model tensor(s): 'fc.bias'; 1 tensor(s) not in the model: 'head.weight'; shape mismatch for
+    'fc.weight': file has [10, 84], model has [4, 84]; <hint>``"""
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} model tensor(s): {quote_names(missing)}")
+    if extra:
+        problems.append(f"{len(extra)} tensor(s) not in the model: {quote_names(extra)}")
+    for name, got, want in shapes[:4]:
+        problems.append(f"shape mismatch for '{name}': {have} has {list(got)}, model has {list(want)}")
+    if len(shapes) > 4:
+        problems.append(f"{len(shapes) - 4} more shape mismatch(es)")
+    if problems and hint:
+        problems.append(hint)
+    return "; ".join(problems)
 
 
 def check_output_location(path: Path) -> None:
@@ -285,6 +340,87 @@ def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.T
     """Atomic, reproducible safetensors write; refuses to overwrite without ``force``."""
     data = safetensors_bytes(tensors, metadata)
     return write_bytes_atomic(path, data, force=force)
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """Validate the safetensors framing ourselves so that errors are precise; return the header."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise GleakError(f"{path}: not a safetensors file (only {len(head)} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n == 0 or n > MAX_HEADER_BYTES:
+                raise GleakError(f"{path}: not a safetensors file (header length {n} is implausible)")
+            if n > size - 8:
+                raise GleakError(
+                    f"{path}: truncated header (it declares {n} bytes, the file has {size - 8} after the length)"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        raise GleakError(f"{path}: cannot read file ({e.strerror or e})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise GleakError(f"{path}: not a safetensors file (header is not valid JSON)") from None
+    if not isinstance(header, dict):
+        raise GleakError(f"{path}: not a safetensors file (header is not a JSON object)")
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise GleakError(f"{path}: safetensors metadata must map strings to strings")
+    data_len = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) for o in offsets)):
+            raise GleakError(f"{path}: tensor '{name}' has a malformed header entry")
+        if offsets[1] > data_len:
+            raise GleakError(
+                f"{path}: truncated file (tensor '{name}' needs bytes up to {offsets[1]}, "
+                f"only {data_len} present)"
+            )
+    return header, n
+
+
+def safetensors_kind(path: Path) -> str | None:
+    """``gleak.kind`` from a safetensors header, reading neither the tensors nor checking them (None when the
+    file is not a readable safetensors file or records no kind): for telling gleak files apart cheaply."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                return None
+            (size,) = struct.unpack("<Q", raw)
+            if size > MAX_HEADER_BYTES:
+                return None
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    kind = meta.get("gleak.kind") if isinstance(meta, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def read_safetensors(path: str | Path, what: str = "file") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read every tensor and the raw metadata of a safetensors file, with readable errors."""
+    p = check_input_file(path, what)
+    header, _ = _read_header(p)
+    try:
+        tensors: dict[str, torch.Tensor] = {}
+        with safe_open(str(p), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                tensors[name] = f.get_tensor(name)
+    except GleakError:
+        raise
+    except Exception as e:  # the Rust reader reports dtype/shape/offset problems as generic errors
+        raise GleakError(f"{p}: not a valid safetensors file ({str(e).splitlines()[0][:200]})") from None
+    order = [k for k in header if k != "__metadata__"]
+    ordered = {k: tensors[k] for k in sorted(order, key=lambda k: header[k]["data_offsets"][0])}
+    return ordered, meta
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):

@@ -10,15 +10,11 @@ import torch
 from pydantic import ValidationError
 
 from gleak.attacks import REGISTRY, get_attack
-from gleak.attacks.options import (
-    AttackOptions,
-    describe_options,
-    parse_option_assignments,
-    resolve_assignments,
-    resolve_options,
-)
-from gleak.attacks.reconstruct.base import ReconOptions
+from gleak.attacks.base import RunInputs
+from gleak.attacks.options import AttackOptions
+from gleak.attacks.registry import parse_option_assignments, resolve_assignments
 from gleak.errors import GleakError
+from gleak.registry import describe_options, resolve_options
 
 from .conftest import FEDSGD, LENET, MNIST_AUX, ROOT
 
@@ -150,26 +146,35 @@ def test_describe_options() -> None:
     assert describe_options(REGISTRY["idlg"]) == []
 
 
-def test_legacy_recon_options_and_augmentation_still_work() -> None:
-    """gleak/audit.py, tests/test_reconstruct.py and the benches set the run inputs this way."""
+def test_one_options_path_for_every_attack() -> None:
+    """Options are frozen and change only through configure (flags, -O, the audit's budgets); run inputs are an
+    argument of the run, never options."""
+    for name in REGISTRY:
+        attack = get_attack(name)
+        assert isinstance(attack.options, AttackOptions) and attack.options.model_config.get("frozen")
+        assert not {"targets", "feature", "progress", "generator"} & set(type(attack.options).model_fields), name
     attack = get_attack("ig")
-    attack.options = ReconOptions(targets=torch.zeros(1, 10), feature=None, iterations=None, restarts=1)
     assert attack.used_options().model_dump()["iterations"] == 4800
-    attack.options.iterations = 3
-    attack.options.distance = "l2"  # not an option of ig: unused
+    with pytest.raises(ValidationError):
+        attack.options.iterations = 3  # type: ignore[misc]  # frozen: only configure sets options
+    attack.configure({"iterations": 3})
     assert attack.used_options().model_dump() == {**OLD_DEFAULTS["ig"], "iterations": 3}
-    with pytest.raises(ValidationError):
-        ReconOptions(lr=0)  # used to mean "the default" silently
-    with pytest.raises(ValidationError):
-        attack.options.iterations = 0
-    attack.configure({"lr": "0.5"})  # keeps the run inputs
-    assert attack.options.targets is not None and attack.used_options().model_dump()["lr"] == 0.5
-    soft = get_attack("softlabel")
-    soft.configure({"pso_particles": 20})
-    soft.augmentation = "mixup"
-    assert soft.options.augmentation == "mixup" and soft.options.pso_particles == 20
+    with pytest.raises(GleakError, match="ig has no option 'distance'"):
+        attack.configure({"distance": "l2"})  # not an option of ig: refused, not silently unused
+    with pytest.raises(GleakError, match="greater than 0"):
+        attack.configure({"lr": 0})  # used to mean "the default" silently
     with pytest.raises(GleakError):
-        soft.augmentation = "bogus"
+        attack.configure({"iterations": 0})
+    attack.configure({"lr": "0.5"})
+    assert attack.used_options().model_dump()["lr"] == 0.5
+    inputs = RunInputs(targets=torch.zeros(1, 10))
+    assert inputs.targets is not None and attack.used_options() == attack.configure({"lr": "0.5"}).model_copy(
+        update={"iterations": 4800})
+    soft = get_attack("softlabel")
+    soft.configure({"pso_particles": 20, "augmentation": "mixup"})
+    assert soft.options.augmentation == "mixup" and soft.options.pso_particles == 20  # type: ignore[attr-defined]
+    with pytest.raises(GleakError):
+        soft.configure({"augmentation": "bogus"})
 
 
 # ------------------------------------------------------------------------------------------------ the CLI

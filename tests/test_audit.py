@@ -10,7 +10,8 @@ import jsonschema
 import pytest
 
 from gleak.attacks import build_context, run_attack
-from gleak.attacks.base import Attack, Requirements
+from gleak.attacks.base import Attack
+from gleak.attacks.requirements import Requirements
 from gleak.capture import load_capture
 from gleak.models import load_model
 from gleak.report.model import SCHEMA_PATH, Report, json_schema
@@ -20,6 +21,8 @@ from .conftest import FEDSGD, LENET, MNIST_AUX, SAMPLES
 MODELS = SAMPLES / "models"
 NO_LEAK = ["--threshold", "labels_critical=1.01", "--threshold", "labels_high=1.01",
            "--threshold", "labels_medium_margin=1", "--threshold", "labels_low_margin=1"]
+STRICTEST = ["--threshold", "labels_critical=1", "--threshold", "labels_high=1",
+             "--threshold", "labels_medium_margin=1", "--threshold", "labels_low_margin=1"]
 
 
 def validate(data: dict) -> None:
@@ -42,10 +45,12 @@ def test_a_leaking_capture_fails_and_passes_above_what_leaked(gleak, tmp_path: P
     assert cap["model"]["path"].endswith("lenet_untrained.safetensors")  # matched by the recorded sha256
     assert cap["aux"] is not None and sum(cap["truth_counts"]) == 32
     assert any("fcn does not apply" in s for s in cap["skipped"])  # quick: analytic reconstruction only
-    # the same capture passes when every label threshold is above what leaked; reporting is unchanged
+    # thresholds are rates in [0, 1]: one above 1 (which used to mean "never") is refused in one line
     r = gleak(*base, "--format", "json", *NO_LEAK)
-    assert r.exit_code == 0, r.stderr
-    assert json.loads(r.stdout)["findings"] == []
+    assert r.exit_code == 2 and "labels_critical" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # the strictest valid ladder still reports the perfect recovery, as critical (exactness is never relaxed)
+    r = gleak(*base, "--format", "json", "--fail-on", "none", *STRICTEST)
+    assert r.exit_code == 0 and [f["severity"] for f in json.loads(r.stdout)["findings"]] == ["critical"], r.stderr
     r = gleak(*base, "--format", "json", "--fail-on", "none")
     assert r.exit_code == 0 and json.loads(r.stdout)["findings"][0]["severity"] == "critical"
     every = tmp_path / "all"
@@ -104,8 +109,9 @@ def test_without_truth_the_audit_measures_leakage_on_simulated_batches(gleak, tm
 
 
 def test_uninformative_attacks_give_no_finding_and_a_notice() -> None:
-    from gleak.audit import _expected_finding, _notices
     from gleak.report.model import AttackEntry, CaptureReport, FileRef, Thresholds
+    from gleak.runs.audit.findings import expected_finding as _expected_finding
+    from gleak.runs.audit.findings import notices_for as _notices
 
     weak = {"calibrated": True, "informative": False, "expected_iacc": 0.48, "chance_iacc": 0.59, "level": 0.9,
             "half_width": 7, "simulations": 24}
@@ -141,7 +147,7 @@ def test_an_attack_that_raises_is_recorded_as_error_and_the_run_goes_on() -> Non
         task = "labels"
         requires = Requirements()
 
-        def run(self, ctx):  # type: ignore[no-untyped-def]
+        def run(self, ctx, inputs=None):  # type: ignore[no-untyped-def]
             raise ZeroDivisionError("division by zero\nsecond line")
 
     ctx = build_context(load_capture(FEDSGD), load_model(LENET))
@@ -225,7 +231,7 @@ def test_notices_have_stable_codes(gleak) -> None:
     report = json.loads(r.stdout)
     codes = {n["code"] for n in report["notices"]}
     assert {"NO_AUX", "RECONSTRUCTION_SKIPPED"} <= codes, codes
-    from gleak.audit import NOTICE_CODES
+    from gleak.runs.audit import NOTICE_CODES
 
     assert codes <= set(NOTICE_CODES)
 

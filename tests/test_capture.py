@@ -153,15 +153,17 @@ def test_validate_against_model_missing_extra_and_shape() -> None:
     validate_against_model(cap, model)  # exact match passes
     name = next(iter(cap.tensors))
     missing = Capture({k: v for k, v in cap.tensors.items() if k != name}, cap.meta)
-    with pytest.raises(GleakError, match=f"missing 1 model tensor.*'{name}'"):
+    hint = re.escape("is this the model the capture was made with? pass it with --model (and --arch for weight "
+                     "files)") + "$"
+    with pytest.raises(GleakError, match=f"missing 1 model tensor.*'{name}'.*; {hint}"):
         validate_against_model(missing, model)
     extra = Capture({**cap.tensors, "head.weight": torch.zeros(1)}, cap.meta)
-    with pytest.raises(GleakError, match="not in the model: 'head.weight'"):
+    with pytest.raises(GleakError, match="not in the model: 'head.weight'; " + hint):
         validate_against_model(extra, model)
     wrong = Capture({**cap.tensors, name: torch.zeros(7, 7)}, cap.meta)
     shape = list(cap.tensors[name].shape)
     msg = f"shape mismatch for '{name}': capture has [7, 7], model has {shape}"
-    with pytest.raises(GleakError, match=re.escape(msg)):
+    with pytest.raises(GleakError, match=re.escape(msg) + "; " + hint):
         validate_against_model(wrong, model)
 
 
@@ -239,7 +241,7 @@ def test_documented_model_hash_reference_matches_tensors_sha256() -> None:
     from gleak.models import build_zoo_model
 
     doc = (Path(__file__).resolve().parent.parent / "docs/capture-format.md").read_text()
-    code = doc.split("```python")[1].split("```")[0]
+    code = next(block.split("```")[0] for block in doc.split("```python")[1:] if "def model_sha256" in block)
     namespace: dict = {}
     exec(code, namespace)  # the documentation's own snippet
     state = build_zoo_model("resnet-cifar", depth=8).state_dict()  # float32 weights and int64 scalar buffers
@@ -335,9 +337,9 @@ def test_documented_metadata_table_lists_every_schema_key() -> None:
 
 
 def _readme_blocks() -> tuple[str, str, str]:
-    """The README's own-training-code example: mynet.py, client.py and the gleak command, verbatim."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Capture format v1")[1].split("\n## ")[0]
+    """The documented own-training-code example: mynet.py, client.py and the gleak command, verbatim."""
+    doc = (ROOT / "docs/capture-format.md").read_text()
+    section = doc.split("## Write captures from your own training code")[1].split("\n## ")[0]
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
     mynet = next(code for lang, code in blocks if lang == "python" and code.startswith("# mynet.py"))
     client = next(code for lang, code in blocks if lang == "python" and code.startswith("# client.py"))
@@ -345,7 +347,7 @@ def _readme_blocks() -> tuple[str, str, str]:
     return mynet, client, command.strip()
 
 
-def test_readme_own_training_code_example_recovers_the_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_documented_own_training_code_example_recovers_the_labels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               gleak) -> None:
     """Run the README example as written: own model + batch -> capture + truth -> `gleak labels`; no metadata
     is missing (no warning, no last-layer guess) and the labels come back."""

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gleak.audit import AuditConfig, ModelSet, audit_capture
 from gleak.data import load_dataset
+from gleak.runs.audit import AuditConfig, ModelSet, audit_capture
 
 from .conftest import LENET, MNIST_AUX, SAMPLES
 
@@ -76,4 +76,4 @@ def test_ray_executor_without_ray_says_how_to_install_it(gleak, monkeypatch: pyt
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     r = gleak("audit", SAMPLES / "captures" / "fedsgd_b8.safetensors", "-M", LENET, "--executor", "ray")
-    assert r.exit_code == 2 and "pip install 'gleak[ray]'" in r.stderr and "Traceback" not in r.stderr
+    assert r.exit_code == 2 and "pip install -e '.[ray]'" in r.stderr and "Traceback" not in r.stderr

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gleak.attacks import build_context, get_attack, run_attack
+from gleak.attacks import RunInputs, build_context, get_attack, run_attack
 from gleak.attacks.reconstruct.disaggregate import (
     OutputSystem,
     batch_loss_estimate,
@@ -47,9 +47,7 @@ def true_outputs(ctx, truth) -> tuple[torch.Tensor, torch.Tensor]:
 def run(name: str, ctx, truth, generator=None, **options):
     attack = get_attack(name)
     attack.configure(options)
-    attack.options.targets = targets_from_truth(truth, ctx)
-    attack.options.generator = generator
-    result = run_attack(attack, ctx)
+    result = run_attack(attack, ctx, RunInputs(targets=targets_from_truth(truth, ctx), generator=generator))
     assert result.status == "ok", result.reason
     return result
 

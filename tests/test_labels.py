@@ -421,7 +421,7 @@ def test_softlabel_rank_one_projection_and_noise_weighted_loss(mnist) -> None:
     module = build_zoo_model("lenet", activation="sigmoid", init="uniform").eval()
     model = LoadedModel(module, "test", "lenet", {}, (1, 28, 28), "", {})
     attack = get_attack("softlabel")
-    attack.augmentation = "smoothing"
+    attack.configure({"augmentation": "smoothing"})
     hits = []
     for seed in range(2):  # bench/softlabel.py measures hundreds
         cap, truth = simulate_client(module, mnist, ClientConfig(batch_size=1, seed=seed,

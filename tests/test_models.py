@@ -281,10 +281,11 @@ def test_capture_slices_and_shape_mismatch() -> None:
     layer = find_last_layer(model, tensors=grads, input_shape=(1, 28, 28))
     assert layer.grad_weight is grads["fc3.weight"] and layer.grad_bias is grads["fc3.bias"]
     grads["fc3.weight"] = torch.randn(12, 84)
-    with pytest.raises(GleakError, match=r"fc3\.weight.*\[12, 84\].*\[10, 84\]"):
+    hint = r"is this the model the capture was made with\? pass it with --model .*--fc-layer$"
+    with pytest.raises(GleakError, match=r"fc3\.weight.*\[12, 84\].*\[10, 84\]; " + hint):
         find_last_layer(model, tensors=grads, input_shape=(1, 28, 28))
     del grads["fc3.weight"]
-    with pytest.raises(GleakError, match=r"fc3\.weight"):
+    with pytest.raises(GleakError, match=r"fc3\.weight.*" + hint):
         find_last_layer(model, tensors=grads, input_shape=(1, 28, 28))
 
 
@@ -357,15 +358,16 @@ def test_state_dict_mismatches_are_reported(tmp_path: Path) -> None:
     missing = dict(state)
     del missing["fc2.bias"]
     torch.save(missing, tmp_path / "missing.pt")
-    with pytest.raises(GleakError, match=r"missing keys 'fc2\.bias'"):
+    hint = r"are --arch and --arch-kwargs the architecture these weights were saved from\?$"
+    with pytest.raises(GleakError, match=r"missing 1 model tensor\(s\): 'fc2\.bias'; " + hint):
         load_model(tmp_path / "missing.pt", arch="lenet")
     with pytest.raises(
-        GleakError, match=r"'fc3\.weight' is \[10, 84\] in the file but \[4, 84\] in the model"
+        GleakError, match=r"shape mismatch for 'fc3\.weight': file has \[10, 84\], model has \[4, 84\]; .*" + hint
     ):
         load_model(tmp_path / "missing.pt", arch="lenet", arch_kwargs={"num_classes": 4})
     extra = {**state, "head.weight": torch.zeros(2, 2)}
     torch.save(extra, tmp_path / "extra.pt")
-    with pytest.raises(GleakError, match=r"unexpected keys 'head\.weight'"):
+    with pytest.raises(GleakError, match=r"1 tensor\(s\) not in the model: 'head\.weight'; " + hint):
         load_model(tmp_path / "extra.pt", arch="lenet")
 
 
@@ -423,7 +425,8 @@ def test_safetensors_without_arch_metadata_needs_arch(tmp_path: Path) -> None:
 
 def test_save_model_checks_arch_and_suffix(tmp_path: Path) -> None:
     model = build_zoo_model("lenet")
-    with pytest.raises(GleakError, match="does not match arch"):
+    with pytest.raises(GleakError, match=r"does not match arch.*shape mismatch for 'fc3\.weight': module has "
+                                         r"\[10, 84\], model has \[3, 84\]; .*; pass the arch and arch_kwargs"):
         save_model(model, tmp_path / "x.safetensors", "lenet", {"num_classes": 3})
     with pytest.raises(GleakError, match=r".safetensors"):
         save_model(model, tmp_path / "x.pt", "lenet")
@@ -475,3 +478,59 @@ def test_arch_working_directory_never_shadows_installed_modules(tmp_path: Path,
         build_arch("json:build")
     with pytest.raises(GleakError, match="cannot import 'gleak_no_such_net'"):
         build_arch("gleak_no_such_net:build")
+
+
+PICKLED_MODULE = """
+import torch
+from torch import nn
+
+
+class GleakCwdPickled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+"""
+
+
+def test_trusted_pickle_finds_its_classes_in_working_directory(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--trust-pickle loads a whole module whose class lives in mynet.py beside it, as --arch mynet:build would
+    find mynet.py; the working directory is on sys.path only while unpickling."""
+    import importlib
+    import os
+    import sys
+
+    name = "gleak_cwd_pickled"
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / f"{name}.py").write_text(PICKLED_MODULE)
+    # Nothing but gleak's own lookup may find the module: no '' or working-directory entry on sys.path.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(project))])
+    sys.path.insert(0, str(project))
+    try:
+        model = importlib.import_module(name).GleakCwdPickled().eval()
+        torch.save(model, project / "whole.pt")
+    finally:
+        sys.path.remove(str(project))
+        sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+    before = list(sys.path)
+    try:
+        monkeypatch.chdir(elsewhere)
+        with pytest.raises(GleakError, match=r"cannot unpickle .*gleak_cwd_pickled"):
+            load_model(project / "whole.pt", trust_pickle=True)
+        monkeypatch.chdir(project)
+        with pytest.raises(GleakError, match=r"pickled.*--trust-pickle"):
+            load_model("whole.pt")
+        assert name not in sys.modules
+        loaded = load_model("whole.pt", trust_pickle=True)
+        assert type(loaded.module).__name__ == "GleakCwdPickled" and "pickled" in loaded.source
+        x = torch.randn(2, 4)
+        assert torch.equal(loaded.module(x), model(x))
+        assert sys.path == before
+    finally:
+        sys.modules.pop(name, None)

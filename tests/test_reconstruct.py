@@ -154,10 +154,8 @@ def context_for(path: Path, model: LoadedModel):
 def run_recon(name: str, ctx, truth, labels: str = "truth", **options):
     inputs = prepare(ctx, labels, truth, want_feature=name in ("feature", "fcn"))
     attack = get_attack(name)
-    attack.options.targets, attack.options.feature = inputs.targets, inputs.feature
-    for key, value in options.items():
-        setattr(attack.options, key, value)
-    result = run_attack(attack, ctx)
+    attack.configure(options)
+    result = run_attack(attack, ctx, inputs.run_inputs())
     assert result.status == "ok", result.reason
     return result, image_scores(result.output.images, to_pixels(ctx, truth.inputs))
 

@@ -13,13 +13,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gleak.capture import read_safetensors
 from gleak.cli import app, train_generator_cmd
 from gleak.data import load_dataset, save_dataset
 from gleak.errors import GleakError
 from gleak.generator.file import check_fits, load_generator
 from gleak.generator.train import aux_features
-from gleak.io import save_safetensors, tensors_sha256
+from gleak.io import read_safetensors, save_safetensors, tensors_sha256
 from gleak.models import find_last_layer, load_model
 
 from .conftest import CIFAR, CNN, FEDSGD, LENET, MNIST_AUX, ROOT, Result

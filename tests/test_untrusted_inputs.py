@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gleak.capture import read_safetensors
-from gleak.io import safetensors_bytes, save_safetensors
+from gleak.io import read_safetensors, safetensors_bytes, save_safetensors
 from gleak.models import build_zoo_model, save_model
 
 from .conftest import FEDAVG, FEDSGD, LENET, MNIST_AUX, MNIST_CLIENT, SAMPLES
@@ -315,12 +314,12 @@ def test_named_pipes_are_refused_without_blocking(gleak, env, role) -> None:
 
 
 def test_failed_reconstruction_leaves_nothing(gleak, env, monkeypatch) -> None:
-    import gleak.cli.reconstruct_cmd as cmd
+    import gleak.runs.reconstruct as run
 
     def broken(*_args, **_kwargs):
-        raise cmd.GleakError("disk full (simulated)")
+        raise run.GleakError("disk full (simulated)")
 
-    monkeypatch.setattr(cmd, "safetensors_bytes", broken)  # fails after the PNGs were staged
+    monkeypatch.setattr(run, "safetensors_bytes", broken)  # fails after the PNGs were staged
     r = gleak("reconstruct", SMOOTHING, "--model", LENET, "-a", "fcn", "-o", env["out"] / "deep" / "r")
     assert r.exit_code == 2
     r = gleak("reconstruct", SMOOTHING, "--model", LENET, "-n", "2", "-o", env["out"] / "deep" / "r")

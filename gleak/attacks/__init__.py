@@ -1,8 +1,10 @@
 """Attacks: one registry (``REGISTRY``), a Context built once per capture, and the attacks themselves."""
 
 from gleak.attacks import labels, reconstruct  # noqa: F401  (registers the attacks)
-from gleak.attacks.base import REGISTRY, Attack, AttackResult, LabelOutput, Requirements, get_attack, run_attack
+from gleak.attacks.base import Attack, AttackResult, LabelOutput, RunInputs, run_attack
 from gleak.attacks.context import Context, build_context
+from gleak.attacks.registry import REGISTRY, get_attack
+from gleak.attacks.requirements import Requirements
 
-__all__ = ["REGISTRY", "Attack", "AttackResult", "Context", "LabelOutput", "Requirements", "build_context",
-           "get_attack", "run_attack"]
+__all__ = ["REGISTRY", "Attack", "AttackResult", "Context", "LabelOutput", "Requirements", "RunInputs",
+           "build_context", "get_attack", "run_attack"]

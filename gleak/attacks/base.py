@@ -1,4 +1,4 @@
-"""Attack base class, declared requirements, the one registry, and running an attack on a Context."""
+"""The attack base class, what attacks return, their run inputs, and running one attack on a Context."""
 
 from __future__ import annotations
 
@@ -6,50 +6,39 @@ import math
 import time
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from gleak.attacks.options import AttackOptions, resolve_options
+from gleak.attacks.options import AttackOptions
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError, shorten
+from gleak.registry import Configurable, resolve_options
 
 if TYPE_CHECKING:
     from gleak.attacks.context import Context
+    from gleak.generator.file import GeneratorFile
 
 
 @dataclass(frozen=True)
-class Requirements:
-    """What an attack needs. Hard needs make it not applicable (with a reason); soft ones only warn."""
+class RunInputs:
+    """What the caller hands one run of an attack, beside the :class:`~gleak.attacks.context.Context`: never
+    options (those are typed and set by :meth:`Attack.configure`), and unused by attacks that do not need them.
 
-    kinds: frozenset[str] = frozenset({"gradient", "update"})
-    gradient_view: bool = True  # needs ∇W as one step's gradient: a gradient, or a one-step SGD update
-    needs_bias: bool = False
-    needs_model: bool = False  # the global model's weights (e.g. to evaluate the last layer)
-    needs_model_forward: bool = False
-    needs_batch_forward: bool = False  # runs the model on the client's whole batch at once (gradient matching)
-    needs_aux: bool = False
-    single_sample: bool = False
-    needs_batch_size: bool = True
-    needs_nonneg_features: bool = False  # soft: the result is marked when the features go negative
+    ``targets`` [B, C] are the training targets as the client's loss saw them (from recovered labels, the truth or
+    a labels report); ``feature`` [d] is the single example's last-layer input (feature, fcn); ``progress`` is
+    called as the optimiser goes (restart, step, steps, loss); ``generator`` is a loaded image generator file
+    (:class:`gleak.generator.file.GeneratorFile`, for fgla and rgla)."""
 
-    def describe(self) -> list[str]:
-        out = []
-        if self.kinds == frozenset({"update"}):
-            out.append("update")
-        elif self.gradient_view:
-            out.append("gradient or 1-step update")
-        else:
-            out.append("gradient or update (any steps)")
-        for flag, text in ((self.needs_bias, "bias"), (self.needs_model, "model"),
-                           (self.needs_model_forward, "model forward"),
-                           (self.needs_batch_forward, "forward of the whole batch"),
-                           (self.needs_aux, "aux data"), (self.single_sample, "B = 1"),
-                           (self.needs_batch_size, "known B"), (self.needs_nonneg_features, "features ≥ 0 (soft)")):
-            if flag:
-                out.append(text)
-        return out
+    targets: torch.Tensor | None = None
+    feature: torch.Tensor | None = None
+    progress: Callable[[int, int, int, float], None] | None = None
+    generator: GeneratorFile | None = None
+
+
+NO_INPUTS = RunInputs()
 
 
 @dataclass
@@ -140,7 +129,7 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-class Attack(ABC):
+class Attack(Configurable, ABC):
     """One attack from one paper. Subclasses set the class variables and implement :meth:`run`.
 
     ``Options`` is the attack's options model (frozen pydantic, see :mod:`gleak.attacks.options`; the default
@@ -163,84 +152,43 @@ class Attack(ABC):
                   sources: Mapping[str, str] | None = None) -> AttackOptions:
         """Set the options from ``values`` (strings are converted; keys not given take their defaults) and return
         them. An unknown key or a bad value is a one-line GleakError; ``sources`` names the flag a key came from."""
-        self.options = resolve_options(type(self), values or {}, sources)
-        return self.options
+        typed = resolve_options(type(self), values or {}, sources)
+        assert isinstance(typed, AttackOptions)
+        self.options = typed
+        return typed
 
     def used_options(self) -> AttackOptions:
         """The options this attack runs with (what reports record)."""
         return self.options
 
-    def not_applicable(self, ctx: Context) -> str | None:
-        """Why this attack cannot run on ``ctx`` (one line), or None. Extend for attack-specific checks."""
+    def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
+        """Why this attack cannot run on ``ctx`` with ``inputs`` (one line), or None. Extend for attack-specific
+        checks."""
         return ctx.check_requirements(self.requires)
 
     @abstractmethod
-    def run(self, ctx: Context) -> LabelOutput | ImageOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput | ImageOutput:
         """Recover labels (or images). Raise GleakError for a problem with the input that stops the attack."""
 
-    def generator(self, ctx: Context) -> torch.Generator:
+    def rng(self, ctx: Context) -> torch.Generator:
         """A generator seeded from the run's seed and this attack's name: same seed, same report."""
         return torch.Generator().manual_seed((ctx.seed * 1_000_003 + zlib.crc32(self.name.encode())) % 2**63)
 
 
-REGISTRY: dict[str, type[Attack]] = {}
-
-
-def register(cls: type[Attack]) -> type[Attack]:
-    if cls.name in REGISTRY:
-        raise RuntimeError(f"attack {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def attack_class(name: str, task: str | None = None, where: str = "") -> type[Attack]:
-    """The registered attack class ``name``; with ``task``, only attacks of that task count.
-
-    An unknown name (or one of another task) is a GleakError listing the candidates, with a "did you mean"
-    drawn only from them; ``where`` prefixes the message (e.g. ``"-O: "``)."""
-    import difflib
-
-    candidates = sorted(n for n, cls in REGISTRY.items() if task is None or cls.task == task)
-    if name in candidates:
-        return REGISTRY[name]
-    listed = "Known attacks" if task is None else f"{_task_noun(task).capitalize()} attacks"
-    other = REGISTRY.get(name)
-    if other is not None and task is not None:
-        what = f"'{name}' is a {_task_noun(other.task)} attack, not a {_task_noun(task)} attack."
-    else:
-        close = difflib.get_close_matches(name.lower(), candidates, n=3, cutoff=0.6)
-        what = f"unknown attack {shorten(repr(name), 60)}" + (
-            f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ".")
-    raise GleakError(f"{where}{what} {listed}: {', '.join(candidates)}")
-
-
-def get_attack(name: str, task: str | None = None) -> Attack:
-    """A fresh instance of the attack called ``name`` (see :func:`attack_class`)."""
-    return attack_class(name, task)()
-
-
-def _task_noun(task: str) -> str:
-    return {"labels": "label", "reconstruct": "reconstruction"}.get(task, task)
-
-
-def attacks_for(task: str) -> list[Attack]:
-    return [cls() for cls in REGISTRY.values() if cls.task == task]
-
-
-def run_attack(attack: Attack, ctx: Context) -> AttackResult:
-    """Check applicability, run with timing, attach soft-requirement warnings. Never raises: bad input is status
-    ``failed``, an unexpected exception status ``error``, each with a one-line reason."""
+def run_attack(attack: Attack, ctx: Context, inputs: RunInputs = NO_INPUTS) -> AttackResult:
+    """Check applicability (with ``inputs``), run with timing, attach soft-requirement warnings. Never raises:
+    bad input is status ``failed``, an unexpected exception status ``error``, each with a one-line reason."""
     try:
         options = attack.used_options().model_dump(mode="json")
     except GleakError as e:
         return AttackResult(attack.name, "failed", reason=str(e))
-    reason = attack.not_applicable(ctx)
+    reason = attack.not_applicable(ctx, inputs)
     if reason:
         return AttackResult(attack.name, "not_applicable", reason=reason, options=options)
     warnings = list(ctx.soft_warnings(attack.requires))
     start = time.perf_counter()
     try:
-        output = attack.run(ctx)
+        output = attack.run(ctx, inputs)
     except GleakError as e:
         return AttackResult(attack.name, "failed", time.perf_counter() - start, reason=str(e), warnings=warnings,
                             options=options)

@@ -8,13 +8,13 @@ gradients get wrong. Model forwards on auxiliary or dummy data are cached here a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from gleak.attacks.base import Requirements
+from gleak.attacks.requirements import Requirements
 from gleak.capture import Capture, ModelCheck, check_model_hash, validate_against_model
 from gleak.data import Dataset
 from gleak.errors import GleakError, shorten
@@ -95,6 +95,20 @@ class Context:
         if self.batch_size is None:
             raise GleakError("needs the batch size: the capture has no gleak.batch_size (pass --batch-size)")
         return self.batch_size
+
+    def aux_problem(self, aux: Dataset) -> str | None:
+        """Why ``aux`` cannot serve this capture's model (input shape, classes), or None: the checks
+        :func:`build_context` makes."""
+        return aux_problem(aux, self.input_shape, self.num_classes)
+
+    def with_aux(self, aux: Dataset, forward_cache: dict[str, Any] | None = None) -> Context:
+        """This context with ``aux`` attached (checked as :func:`build_context` checks it). ``forward_cache``
+        (kept by the caller) shares the model's forwards of ``aux`` between contexts of the same model weights,
+        aux data and forward mode; by default this context gets a fresh one."""
+        problem = self.aux_problem(aux)
+        if problem:
+            raise GleakError(problem)
+        return replace(self, aux=aux, _cache={} if forward_cache is None else forward_cache)
 
     def require_aux(self) -> Dataset:
         if self.aux is None:
@@ -331,6 +345,17 @@ def probe_input_shape(module: nn.Module, shape: tuple[int, ...]) -> None:
             m.training = mode
 
 
+def aux_problem(aux: Dataset, input_shape: tuple[int, ...] | None, num_classes: int) -> str | None:
+    """Why auxiliary data ``aux`` cannot serve a model with ``input_shape`` and ``num_classes``, or None."""
+    if input_shape is not None and tuple(aux.input_shape) != tuple(input_shape):
+        return f"auxiliary data has inputs {list(aux.input_shape)}, the model expects {list(input_shape)}"
+    try:
+        aux.check_classes(num_classes)
+    except GleakError as e:
+        return str(e)
+    return None
+
+
 def build_context(capture: Capture, model: LoadedModel | None = None, aux: Dataset | None = None,
                   device: torch.device | str = "cpu", seed: int = 0, fc_layer: str | None = None,
                   batch_size: int | None = None, loss: LossSpec | None = None,
@@ -357,15 +382,14 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
     else:
         layer = guess_last_layer(capture.tensors, override=fc_layer, num_classes=capture.num_classes)
         no_forward = "needs the model (--model)"
-    if aux is not None and input_shape is not None and tuple(aux.input_shape) != tuple(input_shape):
-        raise GleakError(f"auxiliary data has inputs {list(aux.input_shape)}, the model expects {list(input_shape)}")
     recorded = capture.num_classes
     if recorded is not None and recorded != layer.num_classes:
         raise GleakError(f"the capture records gleak.num_classes = {recorded}, but the last layer "
                          f"'{layer.name}' has {layer.num_classes} outputs: a different model, or a wrong "
                          "--fc-layer")
-    if aux is not None:
-        aux.check_classes(layer.num_classes)
+    problem = aux_problem(aux, input_shape, layer.num_classes) if aux is not None else None
+    if problem:
+        raise GleakError(problem)
     history = capture.get("gleak.fl.history")
     if history is not None and len(history) != layer.num_classes:
         raise GleakError(f"metadata key 'gleak.fl.history' has {len(history)} values; the last layer has "

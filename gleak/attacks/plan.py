@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
-from gleak.attacks.base import Attack, AttackResult, attacks_for, get_attack, run_attack
+from gleak.attacks.base import Attack, AttackResult, run_attack
 from gleak.attacks.context import Context
+from gleak.attacks.registry import attacks_for, get_attack
 from gleak.errors import GleakError
 from gleak.metrics.labels import label_scores, soft_label_scores
 

@@ -16,7 +16,7 @@ from gleak.errors import GleakError
 def attacks(format: Annotated[str, typer.Option("--format", help="table or json.")] = "table") -> None:
     """List every attack: task, requirements, paper, and the options -O ATTACK.KEY=VALUE sets (with defaults)."""
     from gleak.attacks import REGISTRY
-    from gleak.attacks.options import describe_options, format_default
+    from gleak.registry import describe_options, format_default
 
     rows: list[dict[str, Any]] = [
         {"name": cls.name, "task": cls.task, "summary": cls.summary, "requires": cls.requires.describe(),

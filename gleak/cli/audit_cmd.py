@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from gleak.cli.common import (
     AllowMismatchOpt,
@@ -17,11 +16,13 @@ from gleak.cli.common import (
     AttackOptionsOpt,
     DeviceOpt,
     ForceOpt,
+    LpipsOpt,
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
     VerboseOpt,
     apply_threads,
+    check_output_folder,
     console,
     err_console,
     handle_errors,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
 MAX_JOBS = 256
 SEVERITY_NAMES = ("info", "low", "medium", "high", "critical", "none")
-STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
 def parse_formats(text: str) -> list[str]:
@@ -48,31 +48,6 @@ def parse_formats(text: str) -> list[str]:
         raise GleakError(f"--format takes a comma-separated list of {', '.join(FORMATS)}; got "
                          f"{shorten(repr(text), 60)}")
     return list(dict.fromkeys(names))
-
-
-def parse_thresholds(items: list[str]) -> Any:
-    """``["labels_high=0.95", …]`` -> Thresholds, validated (unknown names and non-numbers are usage errors)."""
-    from pydantic import ValidationError
-
-    from gleak.report.model import Thresholds
-
-    values: dict[str, float] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        name = name.strip()
-        if not sep or name not in Thresholds.model_fields:
-            raise GleakError(f"--threshold takes NAME=VALUE with NAME one of {', '.join(Thresholds.model_fields)}; "
-                             f"got {shorten(repr(item), 60)}")
-        try:
-            values[name] = float(text)
-        except ValueError:
-            raise GleakError(f"--threshold {name}: {shorten(repr(text), 40)} is not a number") from None
-        if values[name] != values[name] or abs(values[name]) == float("inf"):
-            raise GleakError(f"--threshold {name} must be finite")
-    try:
-        return Thresholds(**values)
-    except ValidationError as e:
-        raise GleakError(f"--threshold: {shorten(str(e).splitlines()[0], 200)}") from None
 
 
 @handle_errors
@@ -98,9 +73,9 @@ def audit(
                                                 "report.sarif, report.md, junit.xml and image grids.")] = None,
     option: AttackOptionsOpt = None,
     threshold: Annotated[list[str] | None, typer.Option("--threshold", help="Override a severity threshold, "
-                                                        "NAME=VALUE (repeatable; names and defaults in the "
-                                                        "README, 'Audit in CI').")] = None,
-    lpips: Annotated[str, typer.Option(help="LPIPS network for image scores: alex, vgg or off.")] = "alex",
+                                                        "NAME=VALUE (repeatable; names and defaults in "
+                                                        "docs/audit.md).")] = None,
+    lpips: LpipsOpt = "alex",
     confidence: Annotated[int, typer.Option("--confidence", callback=number(0, 1000), help="Captures without "
                                             "ground truth: calibrate the label attacks on this many batches "
                                             "simulated from --aux like the capture's (GLEAK-LABELS-EXPECTED; 0: "
@@ -109,7 +84,8 @@ def audit(
                                       help="Audit this many captures at once, in worker processes (with "
                                       "--executor ray: Ray workers; 1 means one per cluster CPU).")] = 1,
     executor: Annotated[str, typer.Option("--executor", envvar="GLEAK_EXECUTOR", help="local (this machine's "
-                                          "processes) or ray (a Ray cluster; pip install 'gleak[ray]').")] = "local",
+                                          "processes) or ray (a Ray cluster; the ray extra: pip install -e "
+                                          "'.[ray]' from a clone).")] = "local",
     address: Annotated[str | None, typer.Option("--address", envvar="GLEAK_RAY_ADDRESS", help="Ray cluster "
                                                 "address (--executor ray; default: RAY_ADDRESS, else a local "
                                                 "Ray instance for this run).")] = None,
@@ -129,33 +105,36 @@ def audit(
     verbose: VerboseOpt = False,
 ) -> None:
     """Audit captures for leakage: findings with severities, reports for people, CI and code scanning."""
-    from gleak.audit import AuditConfig
-    from gleak.config import find_config
+    from gleak.config import find_config, parse_thresholds
     from gleak.report.formats import get_format
+    from gleak.runs.audit import AuditConfig
 
     loaded = find_config(config_file)
     given = {"budget": budget, "fail_on": fail_on, "format": format, "lpips": lpips, "jobs": jobs, "seed": seed,
-             "device": device, "model": model, "aux": aux, "threshold": threshold, "option": option,
-             "executor": executor, "address": address}
+             "device": device, "model": model, "aux": aux, "arch": arch, "arch_kwargs": arch_kwargs,
+             "threshold": threshold, "option": option, "executor": executor, "address": address}
     effective, sources = merge_config(ctx, given, loaded)
     if show_config:
         if parse_formats(effective["format"]) == ["json"]:
             print_json({k: {"value": [str(v) for v in effective[k]] if isinstance(effective[k], list)
                             else effective[k], "from": sources[k]} for k in OPTION_KEYS})
         else:
-            render_config(effective, sources)
+            from gleak.report.formats.console import print_audit_config
+
+            print_audit_config(console, OPTION_KEYS, effective, sources)
         return
     budget, fail_on, format, lpips = effective["budget"], effective["fail_on"], effective["format"], effective["lpips"]
     jobs, seed, device = effective["jobs"], effective["seed"], effective["device"]
     model, aux, threshold = effective["model"], effective["aux"], effective["threshold"]
     executor, address = effective["executor"], effective["address"]
-    from gleak.executors import EXECUTORS
+    arch, arch_kwargs = effective["arch"], effective["arch_kwargs"]
+    from gleak.runs.audit.executors import EXECUTORS
 
     if executor not in EXECUTORS:
         raise GleakError(f"--executor must be one of {', '.join(EXECUTORS)}, got {shorten(repr(executor), 40)}")
     if address is not None and executor != "ray":
         raise GleakError("--address is the Ray cluster's address: use it with --executor ray")
-    from gleak.attacks.options import parse_option_assignments, resolve_assignments
+    from gleak.attacks.registry import parse_option_assignments, resolve_assignments
 
     assignments = parse_option_assignments(effective["option"] or [])
     resolve_assignments(assignments)  # every attack, key and value checked before any work
@@ -169,13 +148,11 @@ def audit(
     formats = parse_formats(format)
     if fail_on not in SEVERITY_NAMES:
         raise GleakError(f"--fail-on must be one of {', '.join(SEVERITY_NAMES)}, got {shorten(repr(fail_on), 40)}")
-    if lpips not in ("alex", "vgg", "off"):
-        raise GleakError(f"--lpips must be alex, vgg or off, got {shorten(repr(lpips), 40)}")
     files = [f for f in formats if f != "table"]
     if output is None and any(f != "json" for f in files):
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
     if output is not None:
-        _check_output_dir(output, files or ["json"], force)
+        check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]])
     config = AuditConfig(budget=budget, fail_on=fail_on,  # type: ignore[arg-type]
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
@@ -196,7 +173,9 @@ def audit(
     elif "json" in files:
         sys.stdout.write(get_format("json").render(report))
     if "table" in formats:
-        render_table(report)
+        from gleak.report.formats.console import print_audit
+
+        print_audit(console, report)
         if output is not None and not quiet:
             console.print(f"reports in {escape(str(output))}: "
                           + ", ".join(get_format(n).FILENAME for n in files or ["json"]), soft_wrap=True)
@@ -213,7 +192,7 @@ def audit(
 
 
 OPTION_KEYS = ("budget", "fail_on", "format", "lpips", "jobs", "executor", "address", "seed", "device", "model",
-               "aux", "threshold", "option")
+               "aux", "arch", "arch_kwargs", "threshold", "option")
 
 
 def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], dict[str, str]]:
@@ -247,24 +226,12 @@ def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tupl
     return effective, sources
 
 
-def render_config(effective: dict[str, Any], sources: dict[str, str]) -> None:
-    """The effective configuration as a table: key, value, source."""
-    table = Table(title="gleak audit: effective configuration", title_justify="left")
-    for col in ("key", "value", "from"):
-        table.add_column(col, overflow="fold")
-    for key in OPTION_KEYS:
-        value = effective[key]
-        shown = ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
-        table.add_row(key.replace("_", "-"), escape(shown if value not in (None, []) else "—"), escape(sources[key]))
-    console.print(table)
-
-
 def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, output: Path | None, jobs: int,
          show: bool, executor: str = "local", address: str | None = None) -> Report:
     """run_audit under a Rich progress bar on a terminal, or one plain line per capture (CI logs)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gleak.audit import run_audit
+    from gleak.runs.audit import run_audit
 
     if not show:
         return run_audit(paths, model, aux, config, output, None, jobs, executor, address)
@@ -283,67 +250,3 @@ def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, out
         return run_audit(paths, model, aux, config, output, update, jobs, executor, address)
 
 
-def _check_output_dir(folder: Path, formats: list[str], force: bool) -> None:
-    from gleak.io import check_output_location
-    from gleak.report.formats import get_format
-
-    check_output_location(folder / "report.json")
-    if folder.exists() and not folder.is_dir():
-        raise GleakError(f"{folder} exists and is not a directory")
-    if folder.exists() and not force:
-        taken = [get_format(n).FILENAME for n in formats if (folder / get_format(n).FILENAME).exists()]
-        if taken:
-            raise GleakError(f"{folder} already holds {', '.join(taken)}; pass --force to overwrite")
-
-
-def render_table(report: Report) -> None:
-    """The console summary: findings by severity, one row per capture, the verdict."""
-    from gleak.report.model import SEVERITIES, severity_rank
-
-    by_capture: dict[str, list[Any]] = {}
-    for f in report.findings:
-        by_capture.setdefault(f.capture, []).append(f)
-    counts = {s: sum(f.severity == s for f in report.findings) for s in SEVERITIES}
-    summary = "  ".join(f"[{STYLE[s]}]{s} {n}[/]" for s, n in reversed(counts.items()) if n)
-    console.print(f"[bold]gleak audit[/] ({report.budget}): {len(report.captures)} capture(s), "
-                  f"{len(report.findings)} finding(s)" + (f": {summary}" if summary else ""), soft_wrap=True)
-    table = Table(show_lines=False)
-    table.add_column("capture", overflow="fold")
-    for col in ("kind", "best labels", "iAcc/chance", "images", "worst"):
-        table.add_column(col)
-    for c in report.captures:
-        if c.status == "error":
-            table.add_row(escape(c.capture.path), "[red]error[/]", escape(c.error or ""), "", "", "")
-            continue
-        scored = [a for a in c.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
-        best = max(scored, key=lambda a: (a.scores or {}).get("iacc") or 0.0) if scored else None
-        label = iacc = "—"
-        if best is not None and c.chance is not None:
-            value = (best.scores or {}).get("iacc") or 0.0
-            label, iacc = best.attack, f"{value:.2f}/{c.chance['iacc']:.2f}"
-        elif c.truth_counts is None:
-            label = "no truth"
-        images = "—"
-        recon = next((a for a in c.attacks if a.task == "reconstruct"), None)
-        if recon is not None:
-            psnr = (recon.scores or {}).get("psnr")
-            images = f"{recon.attack} {psnr:.1f} dB" if psnr is not None else f"{recon.attack} ({recon.status})"
-        found = by_capture.get(c.capture.path, [])
-        worst = max((f.severity for f in found), key=severity_rank, default=None)
-        kind = f"{c.kind} B={c.batch_size}" + (f" m={c.local_steps}" if (c.local_steps or 1) > 1 else "")
-        table.add_row(escape(c.capture.path), kind, label, iacc, images,
-                      f"[{STYLE[worst]}]{worst}[/]" if worst else "none")
-    console.print(table)
-    for f in sorted(report.findings, key=lambda f: -severity_rank(f.severity)):
-        console.print(f"[{STYLE[f.severity]}]{f.severity:>8}[/] {f.rule} {escape(f.capture)}: {escape(f.title)}",
-                      soft_wrap=True)
-    for n in report.notices:
-        console.print(f"[yellow]note[/] {n.code} {escape(n.capture or '')}: {escape(n.message)}", soft_wrap=True)
-    if report.has_errors():
-        console.print("[bold red]some captures could not be audited (exit 2)[/]")
-    elif report.fail_on == "none":
-        console.print("verdict: reported only (--fail-on none)")
-    elif report.failed():
-        console.print(f"[bold red]FAIL[/]: a finding at or above --fail-on {report.fail_on} (exit 1)")
-    else:
-        console.print(f"[bold green]PASS[/]: no finding at or above --fail-on {report.fail_on}")

@@ -1,10 +1,17 @@
 """Shared CLI plumbing: consoles, option types, error handling (exit 2 on bad input), threads, devices.
 
-Nothing here imports torch at module level: `gleak --help`, `--version` and usage errors must stay fast, so torch
-is imported inside the functions that need it (`apply_threads`, `resolve_device`)."""
+Nothing here imports torch or pydantic at module level: `gleak --help`, `--version` and usage errors must stay fast,
+so torch is imported inside the functions that need it (`apply_threads`, `resolve_device`, `check_output_folder`).
+
+Every option that more than one command takes is declared here once (``ModelOpt``, ``ArchOpt``, ``TruthOpt``,
+``BatchSizeOpt``, ``LpipsOpt``, …): the commands annotate their parameters with these types, so the flag names,
+help and checks cannot drift apart. Help text is shown literally (``pip install 'gleak[ray]'`` keeps its brackets):
+``GleakCommand`` and ``GleakGroup`` escape it for Rich when they render help, so no help string needs escaping."""
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import functools
 import importlib
 import json
@@ -13,9 +20,9 @@ import math
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,11 +34,15 @@ from gleak.errors import GleakError, shorten
 try:  # typer ≥ 0.22 vendors click as typer._click; older typer (flwr pins < 0.21) uses click itself
     from typer._click import exceptions as click_exceptions
     from typer._click import globals as click_globals
+    from typer._click.core import Group as ClickGroup
     from typer._click.core import ParameterSource as ParameterSource
+    from typer._click.types import Choice
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click import exceptions as click_exceptions  # type: ignore[no-redef,unused-ignore]
     from click import globals as click_globals  # type: ignore[no-redef,unused-ignore]
+    from click.core import Group as ClickGroup  # type: ignore[assignment,no-redef,unused-ignore]
     from click.core import ParameterSource as ParameterSource  # type: ignore[assignment,no-redef,unused-ignore]
+    from click.types import Choice  # type: ignore[assignment,no-redef,unused-ignore]
 
 if TYPE_CHECKING:
     import torch
@@ -41,8 +52,12 @@ err_console = Console(stderr=True, highlight=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-ModelOpt = Annotated[Path | None, typer.Option("--model", "-M", help="Global model: .pt2, .safetensors, state "
-                                               "dict (.pt) or TorchScript archive.")]
+MODEL_HELP = "Global model: .pt2, .safetensors (weights, with --arch), state dict (.pt) or TorchScript archive."
+ModelOpt = Annotated[Path | None, typer.Option("--model", "-M", help=MODEL_HELP)]
+RequiredModelOpt = Annotated[Path, typer.Option("--model", "-M", help=MODEL_HELP, show_default=False)]
+# a command that cannot run without the model, yet says so itself (one GleakError line) rather than Click's usage
+NeededModelOpt = Annotated[Path | None, typer.Option("--model", "-M", help="Global model file (required): "
+                                                     + MODEL_HELP.removeprefix("Global model: "))]
 ArchOpt = Annotated[str | None, typer.Option(help="Architecture for weight files: zoo name (lenet, idlg-cnn, "
                                              "fcn4, mlp, resnet-cifar), torchvision:NAME or package.module:factory.")]
 ArchKwargsOpt = Annotated[str | None, typer.Option("--arch-kwargs", help="JSON object of architecture "
@@ -98,6 +113,102 @@ AttackOptionsOpt = Annotated[list[str] | None, typer.Option(
     help="Set an attack's option (repeatable), e.g. -O rlu.mc_samples=500; `gleak attacks` lists them. A key that a "
     "dedicated flag also sets (--iterations, --augmentation, …) may be given one way only: both is an error.")]
 
+BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.",
+                                                  callback=number(1, MAX_BATCH))]
+
+LPIPS_NETWORKS = ("alex", "vgg", "off")
+LpipsOpt = Annotated[str, typer.Option("--lpips", click_type=Choice(LPIPS_NETWORKS),
+                                       help="LPIPS network for the image scores (off: no LPIPS).")]
+
+TRUTH_CONTRADICTION = "--truth and --no-truth contradict each other; give one"
+
+
+def _truth_given(ctx: Any, param: Any, value: Any) -> Any:
+    """--truth FILE after (or before) --no-truth: a usage error, whichever Click reads second."""
+    if value is not None and not ctx.resilient_parsing and ctx.params.get("no_truth"):
+        raise click_exceptions.UsageError(TRUTH_CONTRADICTION, ctx)
+    return value
+
+
+def _no_truth_given(ctx: Any, param: Any, value: Any) -> Any:
+    if value and not ctx.resilient_parsing and ctx.params.get("truth") is not None:
+        raise click_exceptions.UsageError(TRUTH_CONTRADICTION, ctx)
+    return value
+
+
+TruthOpt = Annotated[Path | None, typer.Option("--truth", callback=_truth_given, help="Ground-truth file; default: "
+                                               "NAME.truth.safetensors next to the capture, when present.")]
+NoTruthOpt = Annotated[bool, typer.Option("--no-truth", callback=_no_truth_given,
+                                          help="Ignore any ground truth (the companion file too).")]
+
+
+class TruthChoice(NamedTuple):
+    """What --truth / --no-truth ask for: ``path`` (an explicit file, or None: the companion file when present)
+    and ``ignore`` (no truth at all). Unpacks as ``truth, no_truth`` for :class:`gleak.runs.inputs.InputSpec`."""
+
+    path: Path | None
+    ignore: bool
+
+
+def truth_choice(truth: Path | None, no_truth: bool) -> TruthChoice:
+    """--truth FILE and --no-truth together are a GleakError (exit 2); else what they ask for.
+
+    ``TruthOpt`` and ``NoTruthOpt`` already refuse the pair while Click parses; this is the same rule for callers
+    that do not come through Click (library code, tests)."""
+    if truth is not None and no_truth:
+        raise GleakError(TRUTH_CONTRADICTION)
+    return TruthChoice(truth, bool(no_truth))
+
+
+def check_output_folder(folder: Path, force: bool, fixed_names: Sequence[str] = (), patterns: Sequence[str] = (),
+                        *, inputs: Mapping[str, Path] | None = None) -> None:
+    """Refuse, before any work, an output folder the command cannot or should not write to.
+
+    ``fixed_names`` are the files the command writes in ``folder`` (a name ending in ``/`` is a sub-folder it
+    writes into, such as ``captures/``); ``patterns`` are shell patterns of the files it may write
+    (``recon_*.png``). The rules:
+
+    - ``folder`` exists and is not a directory: an error;
+    - a fixed file name exists there as a directory: an error, even with ``force`` (it could not be replaced);
+    - ``folder`` already holds any of those files and not ``force``: an error ending "pass --force to overwrite";
+    - a file it would write is one of ``inputs`` (what -> path, e.g. ``{"the model": model}``): an error, even with
+      ``force`` (the command would destroy its own input);
+    - the folder (or its nearest existing ancestor) must be writable and every name must fit the file system
+      (:func:`gleak.io.check_output_location`).
+
+    A single-file output is its parent folder with one fixed name:
+    ``check_output_folder(out.parent, force, [out.name], inputs={"the model": model})``."""
+    from gleak.io import check_output_location, show
+
+    files = [n for n in fixed_names if not n.endswith("/")]
+    try:
+        if folder.exists() and not folder.is_dir():
+            raise GleakError(f"{show(folder)} exists and is not a directory")
+    except OSError as exc:  # a name longer than the file system allows
+        raise GleakError(f"cannot write {show(folder)}: {exc.strerror or type(exc).__name__}") from None
+    check_output_location(folder / (files[0] if files else (fixed_names[0].rstrip("/") if fixed_names else "x")))
+    try:
+        entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        for name in files:
+            if name in entries and (folder / name).is_dir():
+                raise GleakError(f"{show(folder / name)} is a directory, expected a file path")
+    except OSError as exc:
+        raise GleakError(f"cannot write in {show(folder)}: {exc.strerror or type(exc).__name__}") from None
+    wanted = {n.rstrip("/") for n in fixed_names}
+    taken = [n for n in entries if n in wanted or any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    for what, path in (inputs or {}).items():
+        for name in taken:
+            with contextlib.suppress(OSError):
+                if path.exists() and os.path.samefile(folder / name, path):
+                    raise GleakError(f"{show(folder / name)} is {what}, an input of this command; write to "
+                                     "another place")
+    if not taken or force:
+        return
+    if len(taken) == 1:
+        raise GleakError(f"{show(folder / taken[0])} already exists; pass --force to overwrite it")
+    shown = ", ".join(taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+    raise GleakError(f"{show(folder)} already holds {shown}; pass --force to overwrite them")
+
 
 def fail(message: str) -> None:
     """Print exactly one error line on stderr (newlines folded, very long messages cut)."""
@@ -129,7 +240,8 @@ def _plain_placeholders(params: list[Any]) -> list[Any]:
             setattr(param, "display_type_rich", functools.partial(_shown, shown))  # PATH, not <list[Path]>  # noqa: B010
         elif getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""  # a flag takes no value
-        elif param.metavar is None:  # PATH, TEXT, N, NUMBER rather than <list[Path]>, <str>, <int>
+        elif param.metavar is None and not isinstance(param.type, Choice):  # PATH, TEXT, N, NUMBER rather than
+            # <list[Path]>, <str>, <int>; a choice keeps Click's [alex|vgg|off]
             param.metavar = _placeholder(getattr(getattr(param, "type_descriptor", None), "annotation", None))
     return params
 
@@ -152,11 +264,44 @@ def _placeholder(annotation: Any) -> str | None:
     return {str: "TEXT", Path: "PATH", int: "N", float: "NUMBER"}.get(annotation)
 
 
+@contextlib.contextmanager
+def _literal_help(command: Any, ctx: Any) -> Iterator[None]:
+    """While help is rendered with Rich markup, the help texts of ``command``, its parameters and (for a group)
+    its commands are escaped, so that ``pip install 'gleak[ray]'`` and ``[tool.gleak]`` show as written instead
+    of being eaten as markup tags; the texts are restored afterwards. Do not escape help strings by hand."""
+    saved: list[tuple[Any, str, str]] = []
+
+    def swap(obj: Any, attr: str) -> None:
+        text = getattr(obj, attr, None)
+        if isinstance(text, str) and "[" in text:
+            saved.append((obj, attr, text))
+            setattr(obj, attr, escape(text))
+
+    try:
+        if getattr(command, "rich_markup_mode", None) == "rich":
+            for attr in ("help", "short_help", "epilog"):
+                swap(command, attr)
+            for param in command.get_params(ctx):
+                swap(param, "help")
+            for sub in (command.commands.values() if isinstance(command, ClickGroup) else ()):
+                for attr in ("help", "short_help"):
+                    swap(sub, attr)
+        yield
+    finally:
+        for obj, attr, text in reversed(saved):
+            setattr(obj, attr, text)
+
+
 class GleakCommand(TyperCommand):
-    """A command whose help shows arguments as ``CAPTURE`` (not ``{capture}``) and flags without ``<bool>``."""
+    """A command whose help shows arguments as ``CAPTURE`` (not ``{capture}``), flags without ``<bool>``, and its
+    help texts literally (square brackets included)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain_placeholders(super().get_params(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _literal_help(self, ctx):
+            super().format_help(ctx, formatter)
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         """Typer wraps required arguments in braces; the usage line reads better without them."""
@@ -169,6 +314,17 @@ class GleakGroup(TyperGroup):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain_placeholders(super().get_params(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        with _literal_help(self, ctx):
+            super().format_help(ctx, formatter)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """An unknown command's "Did you mean …?" once: Click ≥ 8.4 suggests close names itself (NoSuchCommand),
+        and Typer's TyperGroup appends its own suggestion to the same message; skip Typer's where Click has one."""
+        if hasattr(click_exceptions, "NoSuchCommand"):
+            return ClickGroup.resolve_command(self, ctx, args)
+        return super().resolve_command(ctx, args)
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
@@ -302,8 +458,8 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 
 
 def resolve_device(device: str) -> torch.device:
-    """The torch device for ``auto``, ``cpu`` or ``cuda[:N]`` (see :func:`gleak.pipeline.resolve_device`)."""
-    from gleak.pipeline import resolve_device as resolve
+    """The torch device for ``auto``, ``cpu`` or ``cuda[:N]`` (see :func:`gleak.runs.inputs.resolve_device`)."""
+    from gleak.runs.inputs import resolve_device as resolve
 
     return resolve(device)
 

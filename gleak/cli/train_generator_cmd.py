@@ -37,14 +37,13 @@ from gleak.errors import GleakError, shorten
 if TYPE_CHECKING:
     import torch
 
-    from gleak.capture import safetensors_kind
     from gleak.data import Dataset, load_dataset
     from gleak.generator.file import save_generator
     from gleak.generator.train import TrainResult, TrainSettings, aux_features, train_decoder
-    from gleak.io import check_writable, show, tensors_sha256
+    from gleak.io import check_writable, safetensors_kind, show, tensors_sha256
     from gleak.models import find_last_layer, load_model
 else:  # imported on first use: the CLI starts without torch
-    safetensors_kind = deferred("gleak.capture", "safetensors_kind")
+    safetensors_kind = deferred("gleak.io", "safetensors_kind")
     load_dataset = deferred("gleak.data", "load_dataset")
     save_generator = deferred("gleak.generator.file", "save_generator")
     TrainSettings = deferred("gleak.generator.train", "TrainSettings")

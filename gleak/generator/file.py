@@ -83,7 +83,7 @@ def save_generator(path: str | Path, decoder: FeatureDecoder, *, model_sha256: s
 
 def load_generator(path: str | Path, device: torch.device | str = "cpu") -> GeneratorFile:
     """Read and validate a generator file (one-line GleakError for anything wrong with it)."""
-    from gleak.capture import read_safetensors
+    from gleak.io import read_safetensors
 
     p = Path(path)
     tensors, meta = read_safetensors(p, "generator")

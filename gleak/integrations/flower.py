@@ -1,4 +1,5 @@
-"""gleak in Flower (``pip install gleak[flower]``; flwr ≥ 1.21, the Message / ArrayRecord API).
+"""gleak in Flower (the ``flower`` extra, ``pip install -e '.[flower]'`` from a clone; flwr ≥ 1.21, the
+Message / ArrayRecord API).
 
 * :class:`GleakCaptureMod` — a client mod, ``ClientApp(mods=[GleakCaptureMod("captures")])``: after each
   ``train`` message it writes the client's update (local − global, keyed by state_dict names) as a capture
@@ -365,8 +366,8 @@ class GleakAuditStrategy(Strategy):
                  input_shape: Sequence[int] | None = None, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, seed: int = 0, force: bool = False,
                  confidence: int = 24) -> None:
-        from gleak.audit import AuditConfig
         from gleak.data import Dataset, load_dataset
+        from gleak.runs.audit import AuditConfig
 
         super().__init__()
         self.strategy = strategy
@@ -424,8 +425,8 @@ class GleakAuditStrategy(Strategy):
 
     # ------------------------------------------------------------------------------------------ auditing
     def _audit(self, server_round: int, replies: list[Message]) -> None:
-        from gleak.audit import audit_loaded
         from gleak.models.loading import model_from_state
+        from gleak.runs.audit import audit_loaded
 
         if server_round not in self._round:
             log.warning("gleak: round %s: no global weights recorded (configure_train was not called)", server_round)

@@ -1,4 +1,5 @@
-"""gleak in NVFlare (``pip install gleak[nvflare]``): a DXO filter that writes one capture per site per round.
+"""gleak in NVFlare (the ``nvflare`` extra, ``pip install -e '.[nvflare]'`` from a clone): a DXO filter that
+writes one capture per site per round.
 
 Add :class:`GleakCaptureFilter` to a client's ``task_result_filters`` (Job API:
 ``job.to(GleakCaptureFilter("captures"), "site-1", filter_type=FilterType.TASK_RESULT, tasks=["train"])``):

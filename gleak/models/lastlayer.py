@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from gleak.errors import GleakError
+from gleak.io import FC_LAYER_HINT
 
 
 @dataclass(frozen=True)
@@ -167,19 +168,19 @@ def _build(
         if grad_weight is None:
             raise GleakError(
                 f"the capture has no tensor '{choice.weight_key}' (last layer weight, model shape "
-                f"{list(weight.shape)}); does it come from this model?"
+                f"{list(weight.shape)}); {FC_LAYER_HINT}"
             )
         if tuple(grad_weight.shape) != tuple(weight.shape):
             raise GleakError(
                 f"capture tensor '{choice.weight_key}' has shape {list(grad_weight.shape)} "
-                f"but the model's weight has shape {list(weight.shape)}"
+                f"but the model's weight has shape {list(weight.shape)}; {FC_LAYER_HINT}"
             )
         if choice.bias_key is not None and bias is not None:
             grad_bias = tensors.get(choice.bias_key)
             if grad_bias is not None and tuple(grad_bias.shape) != tuple(bias.shape):
                 raise GleakError(
                     f"capture tensor '{choice.bias_key}' has shape {list(grad_bias.shape)} "
-                    f"but the model's bias has shape {list(bias.shape)}"
+                    f"but the model's bias has shape {list(bias.shape)}; {FC_LAYER_HINT}"
                 )
     name = choice.weight_key.removesuffix("weight").removesuffix(".")
     return LastLayer(

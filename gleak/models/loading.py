@@ -2,7 +2,8 @@
 
 An arch ``package.module:factory`` (from ``--arch`` only, never from a file) is imported as Python would, and,
 only when its top-level package is importable from nowhere else, from the current working directory (appended
-to the end of ``sys.path`` while it is imported and built), so files there never shadow installed packages.
+to the end of ``sys.path`` while it is imported and built), so files there never shadow installed packages. A
+trusted pickle (``--trust-pickle``) finds the modules of the classes it names the same way.
 """
 
 from __future__ import annotations
@@ -25,9 +26,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.capture import check_input_shape
 from gleak.errors import GleakError, shorten
-from gleak.io import check_input_file, save_safetensors, show, tensors_sha256
+from gleak.io import (
+    ARCH_HINT,
+    check_input_file,
+    check_input_shape,
+    describe_key_mismatch,
+    save_safetensors,
+    show,
+    tensors_sha256,
+)
 from gleak.models.export_archive import check_archive, check_program, guard_load
 from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
 
@@ -215,11 +223,6 @@ def _parse_shape(text: str | None, what: str) -> tuple[int, ...] | None:
 # --------------------------------------------------------------------------- state dicts
 
 
-def _short(keys: list[str], limit: int = 6) -> str:
-    shown = ", ".join(repr(k) for k in keys[:limit])
-    return shown + (f", ... (+{len(keys) - limit} more)" if len(keys) > limit else "")
-
-
 def _strip_prefix(state: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:
     """Drop a ``module.`` prefix left by DataParallel/DDP when the model itself has none."""
     prefix = "module."
@@ -228,28 +231,19 @@ def _strip_prefix(state: dict[str, torch.Tensor], expected: set[str]) -> dict[st
     return state
 
 
-def load_state_dict_strict(module: nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
-    """Load ``state`` into ``module``; every missing/unexpected key or shape mismatch is a GleakError."""
+def load_state_dict_strict(module: nn.Module, state: Mapping[str, torch.Tensor], where: str,
+                           hint: str | None = None) -> None:
+    """Load ``state`` into ``module``; every missing/unexpected key or shape mismatch is a GleakError (ending with
+    ``hint``, what to pass instead, when given)."""
     expected = module.state_dict()
     state = _strip_prefix(dict(state), set(expected))
     missing = [k for k in expected if k not in state and not k.endswith("num_batches_tracked")]
     unexpected = [k for k in state if k not in expected]
-    mismatched = [
-        f"{k!r} is {list(state[k].shape)} in the file but {list(expected[k].shape)} in the model"
-        for k in expected
-        if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing keys {_short(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_short(unexpected)}")
-    if mismatched:
-        problems.append(
-            "shape mismatch: " + "; ".join(mismatched[:4]) + ("; ..." if len(mismatched) > 4 else "")
-        )
+    shapes = [(k, tuple(state[k].shape), tuple(expected[k].shape))
+              for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+    problems = describe_key_mismatch(missing, unexpected, shapes, have="file", hint=hint)
     if problems:
-        raise GleakError(f"{where} does not match the architecture: " + "; ".join(problems))
+        raise GleakError(f"{where} does not match the architecture: " + problems)
     try:
         module.load_state_dict(state, strict=False)
     except Exception as exc:
@@ -376,7 +370,7 @@ def _from_state_dict(
             "(a zoo name, torchvision:NAME or package.module:factory)"
         )
     module = build_arch(arch, kwargs)
-    load_state_dict_strict(module, state, f"{file} ({what}, arch {arch!r})")
+    load_state_dict_strict(module, state, f"{file} ({what}, arch {arch!r})", hint=ARCH_HINT)
     return module
 
 
@@ -519,7 +513,10 @@ def _load_torch(
                 "since unpickling can run arbitrary code"
             ) from None
         try:
-            obj = torch.load(str(file), map_location="cpu", weights_only=False)
+            # The classes a pickled module names live in the user's code: found as --arch finds a factory's
+            # module, on sys.path first, then in the working directory (appended to the path while unpickling).
+            with _cwd_last_on_path():
+                obj = torch.load(str(file), map_location="cpu", weights_only=False)
         except Exception as exc2:
             raise GleakError(f"cannot unpickle {file}: {_why(exc2)}") from None
         trusted = True
@@ -560,15 +557,15 @@ def save_model(
     kwargs = parse_arch_kwargs(arch_kwargs)
     reference = build_arch(arch, kwargs)
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
-    load_check = {k: v.shape for k, v in reference.state_dict().items()}
-    missing = [k for k in load_check if k not in state]
-    extra = [k for k in state if k not in load_check]
-    wrong = [k for k in load_check if k in state and state[k].shape != load_check[k]]
-    if missing or extra or wrong:
-        raise GleakError(
-            f"the module does not match arch {arch!r} {kwargs}: missing {_short(missing)}; "
-            f"unexpected {_short(extra)}; wrong shape {_short(wrong)}"
-        )
+    expected = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+    missing = [k for k in expected if k not in state]
+    extra = [k for k in state if k not in expected]
+    shapes = [(k, tuple(state[k].shape), expected[k]) for k in expected if k in state
+              and tuple(state[k].shape) != expected[k]]
+    problems = describe_key_mismatch(missing, extra, shapes, have="module",
+                                     hint="pass the arch and arch_kwargs the module was built with")
+    if problems:
+        raise GleakError(f"the module does not match arch {arch!r} {kwargs}: {problems}")
     try:
         kwargs_json = json.dumps(kwargs, sort_keys=True)
     except TypeError as exc:

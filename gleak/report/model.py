@@ -115,16 +115,20 @@ class CaptureReport(_Model):
 
 
 class Thresholds(_Model):
-    """Where each severity starts. Defaults and their sources are documented in the README ("Audit in CI")."""
+    """Where each severity starts. Defaults and their sources are documented in docs/audit.md ("Findings and
+    thresholds"). Label thresholds are rates in [0, 1]; image thresholds are finite decibels ≥ 0."""
 
-    labels_critical: float = Field(1.0, description="best iAcc: every label recovered exactly")
-    labels_high: float = Field(0.9, description="best iAcc")
-    labels_medium_margin: float = Field(0.2, description="best iAcc minus the chance iAcc")
-    labels_low_margin: float = Field(0.05, description="best iAcc minus the chance iAcc")
-    image_critical_psnr: float = Field(30.0, description="mean PSNR (dB) of the matched reconstructions")
-    image_high_psnr: float = Field(20.0, description="mean PSNR (dB)")
-    image_medium_margin: float = Field(3.0, description="mean PSNR above the no-attack baseline (dB)")
-    image_low_margin: float = Field(1.0, description="mean PSNR above the no-attack baseline (dB)")
+    labels_critical: float = Field(1.0, ge=0, le=1, description="best iAcc: every label recovered exactly")
+    labels_high: float = Field(0.9, ge=0, le=1, description="best iAcc")
+    labels_medium_margin: float = Field(0.2, ge=0, le=1, description="best iAcc minus the chance iAcc")
+    labels_low_margin: float = Field(0.05, ge=0, le=1, description="best iAcc minus the chance iAcc")
+    image_critical_psnr: float = Field(30.0, ge=0, allow_inf_nan=False,
+                                       description="mean PSNR (dB) of the matched reconstructions")
+    image_high_psnr: float = Field(20.0, ge=0, allow_inf_nan=False, description="mean PSNR (dB)")
+    image_medium_margin: float = Field(3.0, ge=0, allow_inf_nan=False,
+                                       description="mean PSNR above the no-attack baseline (dB)")
+    image_low_margin: float = Field(1.0, ge=0, allow_inf_nan=False,
+                                    description="mean PSNR above the no-attack baseline (dB)")
 
 
 class Report(_Model):

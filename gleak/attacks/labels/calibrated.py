@@ -19,11 +19,13 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, attacks_for, register, run_attack
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs, run_attack
 from gleak.attacks.context import Context
 from gleak.attacks.labels.confidence import SIMULATIONS, best_informative, calibrate
 from gleak.attacks.labels.stacking import Stack
 from gleak.attacks.options import AttackOptions
+from gleak.attacks.registry import attacks_for, register
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
 
 # calibrations kept between captures of one process (same model weights and settings: computed once)
@@ -48,7 +50,7 @@ class Calibrated(Attack):
     Options: ClassVar[type[AttackOptions]] = CalibratedOptions
     options: CalibratedOptions
 
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         candidates = [a for a in attacks_for("labels")
                       if a.name not in (self.name, "softlabel") and a.not_applicable(ctx) is None]
         if not candidates:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import row_sums
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 
 ZERO = 1e-30
 
@@ -30,7 +32,7 @@ class IDLG(Attack):
     summary = "single-sample label from the sign of the last-layer gradient row sums"
     requires = Requirements(single_sample=True, needs_nonneg_features=True)
 
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         g = row_sums(ctx.require_grad_weight())
         counts = torch.zeros(ctx.num_classes, dtype=torch.long)
         diagnostics: dict = {"row_sums": g}

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import round_counts
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 
 TINY = 1e-300
 
@@ -33,7 +35,7 @@ class ILRG(Attack):
     summary = "label counts from a linear system on per-class feature estimates ∇W_j/∇b_j"
     requires = Requirements(needs_bias=True, needs_model=True)
 
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         C, B = ctx.num_classes, ctx.require_batch_size()
         gw, gb = ctx.require_grad_weight(), ctx.require_grad_bias()
         W, b = ctx.layer.weight.cpu(), ctx.require_bias().double().cpu()

@@ -10,10 +10,12 @@ from typing import ClassVar
 import torch
 from pydantic import Field
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import batch_row_sums, logit_grads, row_sums
 from gleak.attacks.options import AttackOptions
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 
 REPEATS = 10  # R in the reference code (`n = 10`); the default of LLGEstimateOptions.repeats
 
@@ -73,7 +75,7 @@ class _LLGBase(Attack):
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
         raise NotImplementedError
 
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         g = row_sums(ctx.require_grad_weight())
         B = ctx.require_batch_size()
         impact, offsets, extra = self.estimate(ctx, g)
@@ -113,7 +115,7 @@ class LLGStar(_LLGBase):
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
         C, B, R = ctx.num_classes, ctx.require_batch_size(), self.options.repeats
-        images = ctx.dummy_inputs(R * B, "random", self.generator(ctx))
+        images = ctx.dummy_inputs(R * B, "random", self.rng(ctx))
         h, z = ctx.features_and_logits(images)  # [R·B, d], [R·B, C]
         # batch (rep r, label i) holds dummy images r·B … r·B + B − 1, all labelled i
         rep = torch.arange(R * B) // B
@@ -140,7 +142,7 @@ class LLGPlus(_LLGBase):
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
         C, B = ctx.num_classes, ctx.require_batch_size()
         h, z, y = ctx.aux_forward()
-        gen = self.generator(ctx)
+        gen = self.rng(ctx)
         present = [c for c in range(C) if bool((y == c).any())]
         picks, batch_label = [], []
         for _ in range(self.options.repeats):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import class_posteriors, round_counts
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 
 P_MAX = 1 - 1e-7
 DEN_MIN = 1e-9
@@ -42,7 +44,7 @@ class Posterior(Attack):
     summary = "label counts from the bias gradient and aux-data posteriors; focal/BCE/τ/ε aware"
     requires = Requirements(needs_bias=True, needs_aux=True, needs_model_forward=True)
 
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         C, B = ctx.num_classes, ctx.require_batch_size()
         loss = ctx.loss
         _, z, y = ctx.aux_forward()

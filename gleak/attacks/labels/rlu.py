@@ -43,11 +43,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import class_logit_stats, logit_grads, round_counts
 from gleak.attacks.labels.simplex import simplex_least_squares as solve_on_simplex
 from gleak.attacks.options import AttackOptions
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
 
 # the defaults of RLUOptions
@@ -228,8 +230,8 @@ class RLU(Attack):
     Options: ClassVar[type[AttackOptions]] = RLUOptions
     options: RLUOptions
 
-    def not_applicable(self, ctx: Context) -> str | None:
-        reason = super().not_applicable(ctx)
+    def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
+        reason = super().not_applicable(ctx, inputs)
         if reason or ctx.kind == "gradient":
             return reason
         cap = ctx.capture
@@ -249,9 +251,9 @@ class RLU(Attack):
                     "would not stay bounded, so RLU's model of the update does not hold")
         return None
 
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         C, B, m = ctx.num_classes, ctx.require_batch_size(), ctx.local_steps
-        gen = self.generator(ctx)
+        gen = self.rng(ctx)
         warnings: list[str] = []
         if ctx.loss.name != "cross_entropy" or ctx.loss.label_smoothing or ctx.loss.temperature != 1:
             warnings.append("RLU's model assumes plain cross-entropy; the capture's loss settings differ")

@@ -38,10 +38,12 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import row_sums
 from gleak.attacks.options import AttackOptions
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
 
 THRESHOLD = 1e-9  # the reference's acceptance threshold on L(s)
@@ -380,16 +382,7 @@ class SoftLabel(Attack):
     Options: ClassVar[type[AttackOptions]] = SoftLabelOptions
     options: SoftLabelOptions
 
-    @property
-    def augmentation(self) -> str:
-        """auto | smoothing | mixup: the ``augmentation`` option (setting it validates, other options kept)."""
-        return self.options.augmentation
-
-    @augmentation.setter
-    def augmentation(self, value: str) -> None:
-        self.configure({**self.options.model_dump(), "augmentation": value})
-
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         grad = ctx.require_grad_weight().double().cpu()
         weight = ctx.layer.weight.double().cpu()
         bias = ctx.layer.bias.double().cpu() if ctx.layer.bias is not None else None
@@ -409,7 +402,7 @@ class SoftLabel(Attack):
             warnings.append(f"ambiguous (App. B.3): only classes {nonzero.tolist()} have non-zero gradients with "
                             "opposite sums; the one-hot label may be either")
         row = int(torch.argmax(g.abs()))
-        kinds = ["smoothing", "mixup"] if self.augmentation == "auto" else [self.augmentation]
+        kinds = ["smoothing", "mixup"] if self.options.augmentation == "auto" else [self.options.augmentation]
         # With non-negative features x = λ·∇W[r] forces sign(λ) = sign(g_r): search that side first.
         first = 1.0 if float(g[row]) > 0 else -1.0
         fs = {kind: PseudoLabel(grad, weight, bias, row, kind) for kind in kinds}

@@ -10,10 +10,12 @@ from typing import ClassVar
 import torch
 from pydantic import Field
 
-from gleak.attacks.base import Attack, LabelOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import round_counts, row_sums
 from gleak.attacks.options import AttackOptions
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 
 DUMMY_SAMPLES = 256  # the default of ZLGOptions.dummy_samples
 
@@ -37,7 +39,7 @@ class _ZLGBase(Attack):
     def samples(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def run(self, ctx: Context) -> LabelOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         B, C = ctx.require_batch_size(), ctx.num_classes
         h, z = self.samples(ctx)
         tau, eps = ctx.loss.temperature, ctx.loss.label_smoothing
@@ -61,7 +63,7 @@ class ZLG(_ZLGBase):
     options: ZLGOptions
 
     def samples(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
-        return ctx.features_and_logits(ctx.dummy_inputs(self.options.dummy_samples, "random", self.generator(ctx)))
+        return ctx.features_and_logits(ctx.dummy_inputs(self.options.dummy_samples, "random", self.rng(ctx)))
 
 
 @register

@@ -1,24 +1,23 @@
 """What every reconstruction attack shares: its options, the requirements, and model input <-> pixels.
 
-Two kinds of settings: the user's *options* (iterations, restarts, lr, tv and per attack distance, beta,
-signed), declared as typed models (:class:`ReconSettings` and its subclasses in dlg.py, ig.py, feature.py), and
-the *run inputs* (targets, feature, progress) that the caller supplies for each run. Both travel in one mutable,
-validated :class:`ReconOptions` at ``attack.options``; :meth:`ReconstructionAttack.used_options` gives the
-attack's typed options with the overrides applied."""
+Two kinds of settings, kept apart: the user's *options* (iterations, restarts, lr, tv and per attack distance,
+beta, signed), declared as frozen typed models (:class:`ReconSettings` and its subclasses in dlg.py, ig.py,
+feature.py) and set only through :meth:`~gleak.attacks.base.Attack.configure`; and the *run inputs* (targets,
+feature, progress, generator) that the caller hands each run as :class:`~gleak.attacks.base.RunInputs`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from gleak.attacks.base import Attack, ImageOutput, Requirements
+from gleak.attacks.base import NO_INPUTS, Attack, ImageOutput, RunInputs
 from gleak.attacks.context import Context
-from gleak.attacks.options import AttackOptions, resolve_options
+from gleak.attacks.options import AttackOptions
 from gleak.attacks.reconstruct.objective import DISTANCES, GradientMatcher
-from gleak.attacks.reconstruct.optimize import Progress, adam, lbfgs
+from gleak.attacks.reconstruct.optimize import adam, lbfgs
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
 
 # distance -> (optimiser, default iterations, default step size): DLG's L-BFGS for L2 (300 steps of up to
@@ -53,57 +52,18 @@ class ReconSettings(AttackOptions):
     tv: float = Field(1e-2, ge=0, le=MAX_WEIGHT, description=HELP["tv"])
 
 
-class ReconOptions(AttackOptions):
-    """One reconstruction run: its inputs (targets, feature, progress; the caller's, never the user's) and
-    overrides of the attack's options (None: the attack's setting). Mutable, validated on assignment; fields the
-    attack does not declare (e.g. ``distance`` for ig) are not used."""
-
-    model_config = ConfigDict(frozen=False, validate_assignment=True, arbitrary_types_allowed=True)
-
-    targets: torch.Tensor | None = None  # [B, C] training targets as the client's loss saw them
-    feature: torch.Tensor | None = None  # [d] last-layer input of the single example (feature, fcn)
-    iterations: int | None = Field(None, ge=1, le=MAX_ITERATIONS)
-    restarts: int | None = Field(None, ge=1, le=MAX_RESTARTS)
-    lr: float | None = Field(None, gt=0, le=MAX_STEP)
-    tv: float | None = Field(None, ge=0, le=MAX_WEIGHT)
-    distance: Distance | None = None  # feature attack
-    beta: float | None = Field(None, ge=0, le=MAX_WEIGHT)  # weight of the feature term
-    signed: bool | None = None  # Adam on the signed gradient (ig, feature with cosine)
-    progress: Progress | None = None
-    generator: Any = None  # a loaded GeneratorFile (fgla, rgla), or None
-
-
-RUN_INPUTS = ("targets", "feature", "progress", "generator")
-
-
 class ReconstructionAttack(Attack):
-    """Base of the image attacks; the caller sets the run inputs in :attr:`options` (targets, feature) and may
-    :meth:`configure` the typed options before running one."""
+    """Base of the image attacks. Options are typed (:meth:`configure`); the run inputs (targets, feature,
+    progress, generator) come with each run as :class:`~gleak.attacks.base.RunInputs`."""
 
     task: ClassVar[str] = "reconstruct"
     requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True,
                                                     needs_batch_forward=True)
-    options: ReconOptions
-
-    def __init__(self) -> None:
-        self.options = ReconOptions()
-
-    def configure(self, values: Mapping[str, Any] | None = None,
-                  sources: Mapping[str, str] | None = None) -> AttackOptions:
-        """Validate ``values`` into this attack's options (see :meth:`Attack.configure`) and store them as the
-        overrides of :attr:`options`, keeping its run inputs."""
-        typed = resolve_options(type(self), values or {}, sources)
-        knobs = {k: None for k in ReconOptions.model_fields if k not in RUN_INPUTS}
-        knobs.update(typed.model_dump())
-        inputs = {k: getattr(self.options, k) for k in RUN_INPUTS}
-        self.options = ReconOptions(**inputs, **knobs)
-        return typed
 
     def used_options(self) -> AttackOptions:
-        """The attack's typed options with the overrides in :attr:`options` applied, and an automatic iteration
-        count or step size replaced by the value the optimiser uses."""
-        given = {k: v for k in self.Options.model_fields if (v := getattr(self.options, k, None)) is not None}
-        typed = resolve_options(type(self), given)
+        """The attack's typed options, an automatic iteration count or step size replaced by the value the
+        optimiser uses."""
+        typed = self.options
         if isinstance(typed, ReconSettings):
             _, iterations, lr = OPTIMISERS[self.distance(typed)]
             fill = {k: v for k, v in (("iterations", iterations), ("lr", lr)) if getattr(typed, k) is None}
@@ -121,16 +81,17 @@ class ReconstructionAttack(Attack):
         """The gradient distance the attack matches with under ``settings``."""
         return str(getattr(settings, "distance", "l2"))
 
-    def not_applicable(self, ctx: Context) -> str | None:
-        reason = super().not_applicable(ctx)
+    def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
+        reason = super().not_applicable(ctx, inputs)
         if reason:
             return reason
         if ctx.input_shape is None:
             return "needs the input shape (gleak.input_shape in the capture, or a zoo model)"
         return None
 
-    def targets(self, ctx: Context) -> torch.Tensor:
-        t = self.options.targets
+    def targets(self, ctx: Context, inputs: RunInputs) -> torch.Tensor:
+        """The run's targets, checked against B and C."""
+        t = inputs.targets
         if t is None:
             raise GleakError("reconstruction needs labels (targets); none were given")
         if t.shape != (ctx.batch_size, ctx.num_classes):
@@ -138,24 +99,23 @@ class ReconstructionAttack(Attack):
                              f"C = {ctx.num_classes}")
         return t
 
-    def match_gradients(self, ctx: Context, beta: float = 0.0) -> ImageOutput:
+    def match_gradients(self, ctx: Context, inputs: RunInputs, beta: float = 0.0) -> ImageOutput:
         """Gradient matching (objective.py) with the distance's optimiser, all settings from
         :meth:`settings`; dlg, ig and feature differ only in the distance, the TV weight and the feature term β."""
         s = self.settings()
         distance = self.distance(s)
         if distance not in DISTANCES:
             raise GleakError(f"--distance must be one of {', '.join(DISTANCES)}, got '{distance}'")
-        o = self.options
         optimiser = OPTIMISERS[distance][0]
         iterations, lr, tv, signed = s.iterations, s.lr, s.tv, bool(getattr(s, "signed", False))
         assert iterations is not None and lr is not None  # filled in by used_options
-        matcher = GradientMatcher(ctx, self.targets(ctx), distance, beta=beta, feature=o.feature, tv=tv)
+        matcher = GradientMatcher(ctx, self.targets(ctx, inputs), distance, beta=beta, feature=inputs.feature, tv=tv)
         shape = (ctx.require_batch_size(), *ctx.require_input_shape())
         if optimiser == "lbfgs":
-            sol = lbfgs(matcher, shape, iterations, s.restarts, lr, self.generator(ctx), ctx.device, o.progress)
+            sol = lbfgs(matcher, shape, iterations, s.restarts, lr, self.rng(ctx), ctx.device, inputs.progress)
         else:
-            sol = adam(matcher, shape, iterations, s.restarts, lr, self.generator(ctx), ctx.device, input_box(ctx),
-                       signed, o.progress)
+            sol = adam(matcher, shape, iterations, s.restarts, lr, self.rng(ctx), ctx.device, input_box(ctx),
+                       signed, inputs.progress)
             optimiser = "adam-signed" if signed else "adam"
         diag: dict[str, Any] = {"distance": distance, "optimizer": optimiser, "iterations": iterations,
                                 "restarts": s.restarts, "tv": tv, "beta": beta, "loss": sol.loss,

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from gleak.attacks.base import ImageOutput, register
+from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.reconstruct.base import (
@@ -25,6 +25,7 @@ from gleak.attacks.reconstruct.base import (
     ReconSettings,
     ReconstructionAttack,
 )
+from gleak.attacks.registry import register
 
 
 class DLGOptions(ReconSettings):
@@ -41,5 +42,5 @@ class DLG(ReconstructionAttack):
     summary = "inputs whose gradient matches the capture in L2 (L-BFGS), labels fixed"
     Options: ClassVar[type[AttackOptions]] = DLGOptions
 
-    def run(self, ctx: Context) -> ImageOutput:
-        return self.match_gradients(ctx)
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> ImageOutput:
+        return self.match_gradients(ctx, inputs)

@@ -21,9 +21,11 @@ from typing import ClassVar
 
 from torch import nn
 
-from gleak.attacks.base import ImageOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.reconstruct.base import ReconstructionAttack, image_output
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
 
 PASS_THROUGH = (nn.Flatten, nn.Identity, nn.Dropout)
@@ -65,8 +67,8 @@ class AnalyticFCN(ReconstructionAttack):
     summary = "exact input of one example through a fully-connected ReLU network, layer by layer"
     requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_model_forward=True, single_sample=True)
 
-    def not_applicable(self, ctx: Context) -> str | None:
-        reason = super().not_applicable(ctx)
+    def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
+        reason = super().not_applicable(ctx, inputs)
         if reason:
             return reason
         layers, why = linear_chain(ctx.require_model())
@@ -76,7 +78,7 @@ class AnalyticFCN(ReconstructionAttack):
             return f"the chain ends in '{layers[-1][0]}', not the detected last layer '{ctx.layer.name}'"
         return None
 
-    def run(self, ctx: Context) -> ImageOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> ImageOutput:
         layers, _ = linear_chain(ctx.require_model())
         params, grads = ctx.parameter_gradients()
         by_param = {id(p): g.double().cpu() for p, g in zip(params, grads, strict=True)}
@@ -86,10 +88,10 @@ class AnalyticFCN(ReconstructionAttack):
             delta = by_param[id(top.bias)]
             x = None
         else:
-            if self.options.feature is None:
+            if inputs.feature is None:
                 raise GleakError("needs the last-layer input of the example (softlabel recovers it) because "
                                  f"'{top_name}' has no bias")
-            x = self.options.feature.double().flatten().cpu()
+            x = inputs.feature.double().flatten().cpu()
             if x.numel() != top.in_features:
                 raise GleakError(f"the recovered feature has {x.numel()} values, '{top_name}' takes "
                                  f"{top.in_features}")
@@ -112,7 +114,7 @@ class AnalyticFCN(ReconstructionAttack):
             x = gw.T @ delta / norm
             used_rows.append(int((delta != 0).sum()))
         assert x is not None
-        inputs = x.float().view(1, *ctx.require_input_shape())
+        pixels_in = x.float().view(1, *ctx.require_input_shape())
         diag = {"layers": [n for n, _ in layers], "active_rows": used_rows[::-1],
                 "feature_source": "bias" if top.bias is not None else "recovered feature"}
-        return image_output(ctx, inputs, diag)
+        return image_output(ctx, pixels_in, diag)

@@ -15,10 +15,12 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from gleak.attacks.base import ImageOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.reconstruct.base import HELP, MAX_WEIGHT, Distance, ReconSettings, ReconstructionAttack
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
 
 
@@ -38,10 +40,10 @@ class FeatureMatching(ReconstructionAttack):
                                                     needs_batch_forward=True, single_sample=True)
     Options: ClassVar[type[AttackOptions]] = FeatureOptions
 
-    def run(self, ctx: Context) -> ImageOutput:
-        if self.options.feature is None:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> ImageOutput:
+        if inputs.feature is None:
             raise GleakError("no last-layer feature was recovered for this example (softlabel found none and the "
                              "last layer has no bias)")
         settings = self.settings()
         assert isinstance(settings, FeatureOptions)
-        return self.match_gradients(ctx, settings.beta)
+        return self.match_gradients(ctx, inputs, settings.beta)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gleak.attacks.base import ImageOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.reconstruct.disaggregate import fgla_features
 from gleak.attacks.reconstruct.generative import GenerativeAttack
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 
 
 @register
@@ -24,11 +26,11 @@ class FGLA(GenerativeAttack):
     summary = "each example's feature from its label's gradient row, then a trained generator (duplicates collide)"
     requires: ClassVar[Requirements] = Requirements(needs_bias=True)
 
-    def run(self, ctx: Context) -> ImageOutput:
-        labels = self.hard_labels(ctx)
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> ImageOutput:
+        labels = self.hard_labels(ctx, inputs)
         features = fgla_features(ctx.require_grad_weight(), ctx.require_grad_bias(), labels)
         shared = int(len(labels) - len(labels.unique()))
         warnings = [f"{shared} of {len(labels)} examples share a label with another: FGLA gives them the same "
                     "feature (and image)"] if shared else []
         diag = {"labels": labels.tolist(), "examples_sharing_a_label": shared}
-        return self.decode(ctx, features, diag, {}, warnings)
+        return self.decode(ctx, inputs, features, diag, {}, warnings)

@@ -9,15 +9,14 @@ Notes: docs/methods/generative.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 
-from gleak.attacks.base import ImageOutput, Requirements
+from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
-from gleak.attacks.options import AttackOptions, resolve_options
 from gleak.attacks.reconstruct.base import ReconstructionAttack
+from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
 
 NO_GENERATOR = ("no generator was given, so no images: the recovered features (and logits) are written instead; "
@@ -29,28 +28,14 @@ class GenerativeAttack(ReconstructionAttack):
 
     requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_bias=True)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.typed: AttackOptions = self.Options()
+    def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
+        return ctx.check_requirements(self.requires) or self.generator_problem(ctx, inputs)
 
-    def configure(self, values: Mapping[str, Any] | None = None,
-                  sources: Mapping[str, str] | None = None) -> AttackOptions:
-        """Validate ``values`` into this attack's own options; the run inputs (targets, generator, progress) stay
-        in :attr:`options`."""
-        self.typed = resolve_options(type(self), values or {}, sources)
-        return self.typed
-
-    def used_options(self) -> AttackOptions:
-        return self.typed
-
-    def not_applicable(self, ctx: Context) -> str | None:
-        return ctx.check_requirements(self.requires) or self.generator_problem(ctx)
-
-    def generator_problem(self, ctx: Context) -> str | None:
-        """Why the given generator does not fit this model and capture (None if it does, or none is given)."""
+    def generator_problem(self, ctx: Context, inputs: RunInputs) -> str | None:
+        """Why the run's generator does not fit this model and capture (None if it does, or none is given)."""
         from gleak.generator.file import check_fits
 
-        gen = self.options.generator
+        gen = inputs.generator
         if gen is None:
             return None
         try:
@@ -60,16 +45,16 @@ class GenerativeAttack(ReconstructionAttack):
             return str(e)
         return None
 
-    def hard_labels(self, ctx: Context) -> torch.Tensor:
+    def hard_labels(self, ctx: Context, inputs: RunInputs) -> torch.Tensor:
         """One class per example from the targets (the top class of each row)."""
-        return self.targets(ctx).argmax(1)
+        return self.targets(ctx, inputs).argmax(1)
 
-    def decode(self, ctx: Context, features: torch.Tensor, diagnostics: dict[str, Any],
+    def decode(self, ctx: Context, inputs: RunInputs, features: torch.Tensor, diagnostics: dict[str, Any],
                recovered: dict[str, torch.Tensor], warnings: list[str]) -> ImageOutput:
         """Images from ``features`` through the generator (or none, with a warning, without one)."""
         from gleak.generator.file import check_fits
 
-        gen = self.options.generator
+        gen = inputs.generator
         recovered = {**recovered, "features": features.float()}
         if gen is None:
             return ImageOutput(None, diagnostics, [*warnings, NO_GENERATOR], recovered)

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from gleak.attacks.base import ImageOutput, register
+from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.reconstruct.base import (
@@ -27,6 +27,7 @@ from gleak.attacks.reconstruct.base import (
     ReconSettings,
     ReconstructionAttack,
 )
+from gleak.attacks.registry import register
 
 
 class IGOptions(ReconSettings):
@@ -46,5 +47,5 @@ class InvertingGradients(ReconstructionAttack):
     def distance(self, settings: ReconSettings) -> str:
         return "cosine"
 
-    def run(self, ctx: Context) -> ImageOutput:
-        return self.match_gradients(ctx)
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> ImageOutput:
+        return self.match_gradients(ctx, inputs)

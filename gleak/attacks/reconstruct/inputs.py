@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gleak.attacks.base import AttackResult, LabelOutput, get_attack, run_attack
+from gleak.attacks.base import AttackResult, LabelOutput, RunInputs, run_attack
 from gleak.attacks.context import Context
 from gleak.attacks.labels.counts import logit_grads
+from gleak.attacks.registry import get_attack
 from gleak.capture import Truth
 from gleak.errors import GleakError, shorten
 from gleak.io import MAX_JSON_BYTES, check_input_file, show
 from gleak.losses import soft_targets
+
+if TYPE_CHECKING:
+    from gleak.generator.file import GeneratorFile
 
 # best first, from bench/results/labels.md (untrained and trained LeNet-5, one step)
 COUNT_PREFERENCE = ("rlu", "posterior", "ilrg", "zlg-plus", "llg-plus", "zlg", "llg-star", "llg", "idlg")
@@ -42,6 +47,12 @@ class ReconInputs:
     feature_source: str | None = None
     label_result: AttackResult | None = None
     evidence: dict[str, float] | None = None  # candidate attack -> score (lower explains the gradient better)
+
+    def run_inputs(self, progress: Callable[[int, int, int, float], None] | None = None,
+                   generator: GeneratorFile | None = None) -> RunInputs:
+        """What one reconstruction run is handed: these targets and feature, with a progress callback and an
+        image generator when the caller has them."""
+        return RunInputs(targets=self.targets, feature=self.feature, progress=progress, generator=generator)
 
 
 def targets_from_counts(counts: torch.Tensor, ctx: Context) -> torch.Tensor:

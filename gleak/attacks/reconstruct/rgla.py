@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from pydantic import Field
 
-from gleak.attacks.base import ImageOutput, Requirements, register
+from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.reconstruct.disaggregate import (
@@ -43,6 +43,8 @@ from gleak.attacks.reconstruct.disaggregate import (
     fit_outputs,
 )
 from gleak.attacks.reconstruct.generative import GenerativeAttack
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
 
 START_NOISE = 1e-3  # relative size of the noise added to the FGLA start (breaks the symmetry of equal labels)
 
@@ -76,8 +78,8 @@ class RGLA(GenerativeAttack):
     requires: ClassVar[Requirements] = Requirements(needs_model=True, needs_bias=True)
     Options: ClassVar[type[AttackOptions]] = RGLAOptions
 
-    def not_applicable(self, ctx: Context) -> str | None:
-        reason = super().not_applicable(ctx)
+    def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
+        reason = super().not_applicable(ctx, inputs)
         if reason:
             return reason
         B, C = ctx.batch_size, ctx.num_classes
@@ -86,10 +88,10 @@ class RGLA(GenerativeAttack):
                     "outputs (RGLA paper, §4.2)")
         return None
 
-    def run(self, ctx: Context) -> ImageOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> ImageOutput:
         opts = self.used_options()
         assert isinstance(opts, RGLAOptions)
-        targets = self.targets(ctx)
+        targets = self.targets(ctx, inputs)
         gw, gb = ctx.require_grad_weight(), ctx.require_grad_bias()
         weight, bias = ctx.layer.weight.double().cpu(), ctx.require_bias().double().cpu()
         B, C = targets.shape
@@ -104,8 +106,8 @@ class RGLA(GenerativeAttack):
             warnings.append("Prop. 2's loss estimate is undefined for this gradient (every log argument ≤ 0); "
                             "it is left out")
         system = OutputSystem(gw.cpu(), gb.cpu(), weight, bias, targets.cpu(), estimate)
-        gen = self.generator(ctx)
-        progress = self.options.progress
+        gen = self.rng(ctx)
+        progress = inputs.progress
         if opts.solver == "adam":
             start = torch.randn((B, C), generator=gen, dtype=torch.float64)
             fit = choose(system, [adam_fit(system, start, alphas=(opts.alpha_w, opts.alpha_b, opts.alpha_loss),
@@ -134,4 +136,4 @@ class RGLA(GenerativeAttack):
                             "evaluations": c.evaluations} for c in fit.candidates],
             "examples_sharing_a_label": int(B - len(labels.unique())),
         }
-        return self.decode(ctx, features, diag, {"logits": fit.logits.float()}, warnings)
+        return self.decode(ctx, inputs, features, diag, {"logits": fit.logits.float()}, warnings)

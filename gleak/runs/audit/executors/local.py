@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from gleak.audit import CaptureResult
-    from gleak.executors import WorkerSetup
+    from gleak.runs.audit.capture import CaptureResult
+    from gleak.runs.audit.executors import WorkerSetup
 
 
 def run_local(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None,
               jobs: int) -> Iterator[tuple[int, CaptureResult]]:
-    from gleak.audit import audit_capture
+    from gleak.runs.audit.capture import audit_capture
 
     if jobs <= 1 or len(files) <= 1:
         models, auxes = setup.load()
@@ -56,6 +56,6 @@ def _worker_init(setup: WorkerSetup) -> None:
 
 
 def _worker_audit(path: Path, out_dir: Path | None) -> CaptureResult:
-    from gleak.audit import audit_capture
+    from gleak.runs.audit.capture import audit_capture
 
     return audit_capture(path, _WORKER["models"], _WORKER["auxes"], _WORKER["config"], out_dir)

@@ -1,4 +1,5 @@
-"""The Ray executor (``gleak audit --executor ray [--address ADDR]``; ``pip install gleak[ray]``).
+"""The Ray executor (``gleak audit --executor ray [--address ADDR]``; the ``ray`` extra: ``pip install -e
+'.[ray]'`` from a clone).
 
 The models and auxiliary data are loaded once here and put in Ray's object store once; one actor per worker
 (``--jobs``, default one per CPU of the cluster) takes them from there once, then audits captures by path, one
@@ -20,8 +21,8 @@ import torch
 from gleak.errors import GleakError, shorten
 
 if TYPE_CHECKING:
-    from gleak.audit import CaptureResult
-    from gleak.executors import WorkerSetup
+    from gleak.runs.audit.capture import CaptureResult
+    from gleak.runs.audit.executors import WorkerSetup
 
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # a local instance: enough for the models, fits a small /dev/shm
 IN_FLIGHT_PER_WORKER = 2
@@ -35,7 +36,7 @@ class AuditActor:
         self.models, self.auxes, self.config = shared
 
     def audit(self, path: Path, out_dir: Path | None) -> CaptureResult:
-        from gleak.audit import audit_capture
+        from gleak.runs.audit.capture import audit_capture
 
         return audit_capture(path, self.models, self.auxes, self.config, out_dir)
 
@@ -44,7 +45,8 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise GleakError("--executor ray needs Ray: pip install 'gleak[ray]'") from None
+        raise GleakError("--executor ray needs Ray: install the ray extra (pip install -e '.[ray]' from a "
+                             "clone)") from None
     return ray
 
 

@@ -1,7 +1,7 @@
 """Where ``gleak audit`` audits its captures: ``local`` (this process, or ``--jobs N`` worker processes) or
-``ray`` (a Ray cluster, ``pip install gleak[ray]``). Every executor takes the capture paths one at a time and
-yields ``(index, result)`` as results arrive, so the caller streams them into one report and memory does not
-grow with the number of captures."""
+``ray`` (a Ray cluster; the ``ray`` extra, ``pip install -e '.[ray]'`` from a clone). Every executor takes the
+capture paths one at a time and yields ``(index, result)`` as results arrive, so the caller streams them into one
+report and memory does not grow with the number of captures."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 from gleak.errors import GleakError
 
 if TYPE_CHECKING:
-    from gleak.audit import AuditConfig, CaptureResult, ModelSet
     from gleak.data import Dataset
+    from gleak.runs.audit.capture import CaptureResult
+    from gleak.runs.audit.setup import AuditConfig, ModelSet
 
 EXECUTORS = ("local", "ray")
 
@@ -30,8 +31,8 @@ class WorkerSetup:
 
     def load(self) -> tuple[ModelSet, list[tuple[Path, Dataset]]]:
         """The models and the aux data, loaded (bad files fail here with a GleakError)."""
-        from gleak.audit import ModelSet
         from gleak.data import load_dataset
+        from gleak.runs.audit.setup import ModelSet
 
         return ModelSet.load(self.model_files, self.config), [(p, load_dataset(p)) for p in self.aux_paths]
 
@@ -40,11 +41,11 @@ def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None
                  jobs: int = 1, address: str | None = None) -> Iterator[tuple[int, CaptureResult]]:
     """Audit ``files`` on ``executor``; yields ``(index into files, result)`` in completion order."""
     if executor == "local":
-        from gleak.executors.local import run_local
+        from gleak.runs.audit.executors.local import run_local
 
         return run_local(files, setup, out_dir, jobs)
     if executor == "ray":
-        from gleak.executors.ray import run_ray
+        from gleak.runs.audit.executors.ray import run_ray
 
         return run_ray(files, setup, out_dir, jobs, address)
     raise GleakError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")

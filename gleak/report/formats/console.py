@@ -1,0 +1,265 @@
+"""The console format: what each command prints on a terminal or a CI log, built from its typed report alone.
+
+Rich tables sized for 80 columns (CI logs): file paths are shortened to their names in tables (full paths in
+the lines below them), numeric columns never wrap. Every function prints to the console it is given; nothing
+here computes a result the report does not hold."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gleak.report.formats.text import fmt_number
+from gleak.report.model import Report
+
+NAME = "table"
+STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
+
+
+SHOWN = 12
+
+
+def compact(counts: Sequence[int], limit: int = SHOWN) -> str:
+    """'3×2 7×1' (class×count), the largest counts first past ``limit`` entries."""
+    pairs = [(c, int(n)) for c, n in enumerate(counts) if n]
+    if len(pairs) > limit:
+        top = sorted(pairs, key=lambda p: -p[1])[:limit]
+        return " ".join(f"{c}×{n}" for c, n in sorted(top)) + f" … (+{len(pairs) - limit} classes)"
+    return " ".join(f"{c}×{n}" for c, n in pairs) or "—"
+
+
+def print_labels(console: Console, data: Mapping[str, Any]) -> None:
+    """`gleak labels`: the capture line, the truth and chance, one row per attack, soft labels, reasons."""
+    results = data["results"]
+    head = (f"[bold]{data['capture']}[/]: {data['kind']}, B = {data['batch_size']}"
+            + (f", m = {data['local_steps']} steps" if data["local_steps"] > 1 else "")
+            + f", C = {data['num_classes']}, last layer '{data['last_layer']}'")
+    console.print(head)
+    if data.get("model_mode"):
+        console.print(f"[dim]model: {escape(data['model_mode']['note'])}[/]", soft_wrap=True)
+    if data["truth_counts"] is not None:
+        console.print(f"truth: {compact(data['truth_counts'])}   [dim]chance (random guessing): iAcc "
+                      f"{data['chance']['iacc']:.3f}, cAcc {data['chance']['cacc']:.3f}[/]")
+    scored = data["truth_counts"] is not None
+    table = Table(show_lines=False)
+    table.add_column("attack", style="bold")
+    table.add_column("recovered (class×count)", overflow="fold")
+    table.add_column("time", justify="right")
+    calibrated = any(r.get("confidence") for r in results)
+    if calibrated:
+        table.add_column("90 % ±", justify="right")
+        table.add_column("expected/chance", justify="right")
+    if scored:
+        for col in ("iAcc", "cAcc", "exact", "chance"):
+            table.add_column(col, justify="right")
+    reasons: dict[str, list[str]] = {}
+    for r in results:
+        if r["status"] != "ok":
+            label = {"not_applicable": "[yellow]not applicable[/]", "error": "[red]error[/]"}.get(
+                r["status"], "[red]failed[/]")
+            reasons.setdefault(f"{label}: {r.get('reason')}", []).append(r["attack"])
+            table.add_row(f"[dim]{r['attack']}[/]", label, "", *([""] * 2 if calibrated else []),
+                          *([""] * 4 if scored else []))
+            continue
+        cells = [r["attack"] + (" [yellow]⚠[/]" if r["warnings"] else ""), compact(r["counts"]), _time(r["seconds"])]
+        if calibrated:
+            c = r.get("confidence") or {}
+            if c.get("calibrated"):
+                style = "" if c["informative"] else "[red]"
+                cells += [f"{c['half_width']}", f"{style}{c['expected_iacc']:.2f}/{c['chance_iacc']:.2f}"
+                          + ("[/]" if style else "")]
+            else:
+                cells += ["—", "[dim]not calibrated[/]"]
+        if scored and r.get("scores"):
+            s = r["scores"]
+            colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
+            cells += [f"[{colour}]{s['iacc']:.3f}[/]", f"{s['cacc']:.3f}", f"{s['exact']:.3f}",
+                      f"{s['chance_iacc']:.3f}"]
+        table.add_row(*cells)
+    console.print(table)
+    soft_rows = [r for r in results if r["status"] == "ok" and r.get("soft_label") is not None]
+    if soft_rows:
+        print_soft_labels(console, data, soft_rows)
+    for reason, names in reasons.items():
+        console.print(f"{', '.join(names)} — {reason}", soft_wrap=True)
+    for r in results:
+        for w in r["warnings"]:
+            console.print(f"[yellow]⚠ {r['attack']}:[/] {w}", soft_wrap=True)
+    for note in data["ignored_options"]:
+        console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
+
+
+def print_soft_labels(console: Console, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+    """Soft labels of one example, one row per class (classes with mass, at most 20), truth first."""
+    truth = data.get("truth_soft_label")
+    vectors: list[Sequence[float]] = [truth] if truth is not None else []
+    vectors += [r["soft_label"] for r in rows]
+    mass = [max(abs(float(v[c])) for v in vectors) for c in range(len(vectors[0]))]
+    shown = [c for c in sorted(range(len(mass)), key=lambda c: -mass[c]) if mass[c] > 1e-4][:20]
+    table = Table(title="soft label of the example", title_justify="left")
+    table.add_column("class", justify="right")
+    if truth is not None:
+        table.add_column("truth", justify="right")
+    for r in rows:
+        table.add_column(r["attack"], justify="right")
+    for c in sorted(shown):
+        table.add_row(str(c), *[f"{float(v[c]):.5f}" for v in vectors])
+    console.print(table)
+    for r in rows:
+        d = r.get("diagnostics") or {}
+        if d.get("augmentation") == "smoothing":
+            what = f"label smoothing, class {d['class']}, ε = {d['epsilon']:.5f}"
+        elif d.get("augmentation") == "mixup":
+            what = f"mixup of classes {d['classes'][0]} and {d['classes'][1]}, ratio {d['ratio']:.5f}"
+        else:
+            what = d.get("case", "")
+        line = f"{r['attack']}: {what}; search: {d.get('stage', '—')}, loss {d.get('loss', float('nan')):.2e}"
+        scores = r.get("scores") or {}
+        if "soft_l1" in scores:
+            ok = "[green]recovered[/]" if scores["soft_success"] else "[red]not recovered[/]"
+            line += f"; L1 to truth {scores['soft_l1']:.2e} ({ok})"
+        console.print(line, soft_wrap=True)
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+
+
+def print_reconstruct(console: Console, data: Mapping[str, Any], written: Sequence[Path]) -> None:
+    """`gleak reconstruct`: the run, its speed, the matched image scores and the baseline, the files written."""
+    console.print(f"[bold]{data['capture']}[/]: {data['attack']} ({data['paper']}), B = {data['batch_size']}, "
+                  f"labels {data['labels']['source']}"
+                  + (f", feature from {data['feature_source']}" if data["feature_source"] else ""), soft_wrap=True)
+    if data.get("model_mode"):
+        console.print(f"[dim]model: {escape(data['model_mode']['note'])}[/]", soft_wrap=True)
+    d = data["diagnostics"]
+    work = ""
+    if d.get("iterations_run"):
+        work = f", {d['iterations_run']:,} iterations"
+        if d.get("evaluations_run"):
+            work += f" ({d['evaluations_run']:,} objective evaluations)"
+    speeds = [f"{data[key]:.1f} {unit}/s" for key, unit in (("iterations_per_second", "iterations"),
+                                                            ("evaluations_per_second", "evaluations"))
+              if data.get(key)]
+    speed = f": {', '.join(speeds)}" if speeds else ""
+    threads = f"{data['threads']} thread{'s' if data['threads'] != 1 else ''}"
+    console.print(f"time {data['seconds']:.1f} s on {threads}{work}{speed}"
+                  + (f", final loss {d['loss']:.3e}" if "loss" in d else ""), soft_wrap=True)
+    o = data.get("output_scores")
+    if o:
+        parts = []
+        if o.get("logit_mse") is not None:
+            parts.append(f"logit MSE {o['logit_mse']:.2e}")
+        if o.get("feature_cosine_mean") is not None:
+            parts.append(f"feature cosine mean {o['feature_cosine_mean']:.4f} (min {o['feature_cosine_min']:.4f})")
+        console.print("recovered vs true model outputs: " + ", ".join(parts), soft_wrap=True)
+    if data.get("generator"):
+        g = data["generator"]
+        ceiling = f", held-out PSNR {g['heldout_psnr']:.2f} dB" if g.get("heldout_psnr") is not None else ""
+        console.print(f"[dim]generator {escape(str(g['file']))} (layer {g['layer']}{ceiling})[/]", soft_wrap=True)
+    m = data["metrics"]
+    if not data.get("images_written", True):
+        console.print("[yellow]no images written[/] (no generator): the recovered features are in "
+                      "recovered.safetensors", soft_wrap=True)
+    elif m is not None:
+        table = Table(title="reconstruction vs truth (matched one-to-one)", title_justify="left")
+        for col in ("image", "PSNR dB", "SSIM", "LPIPS"):
+            table.add_column(col, justify="right")
+        lp = m["lpips"] or [None] * len(m["psnr"])
+        for i, (p, s, v) in enumerate(zip(m["psnr"], m["ssim"], lp, strict=True)):
+            table.add_row(str(i), fmt_number(p, 2), fmt_number(s, 4), fmt_number(v, 4))
+        mean = m["mean"]
+        table.add_row("[bold]mean[/]", fmt_number(mean["psnr"], 2), fmt_number(mean["ssim"], 4),
+                      fmt_number(mean.get("lpips"), 4))
+        console.print(table)
+        if m["lpips"] is None:
+            console.print(f"[yellow]LPIPS not computed:[/] {m['lpips_info'].get('unavailable')}", soft_wrap=True)
+        base = data.get("baseline")
+        if base is not None and base["statement"]:
+            console.print(f"[bold red]{base['statement']}[/]", soft_wrap=True)
+        elif base is not None:
+            console.print(f"baseline ({base['kind']}): {base['psnr']:.2f} dB", soft_wrap=True)
+    else:
+        console.print("[dim]no ground truth: images are written unscored[/]")
+    for w in data["warnings"]:
+        console.print(f"[yellow]⚠[/] {w}", soft_wrap=True)
+    for note in data["ignored_options"]:
+        console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
+    console.print(f"wrote {written[0]} and {len(written) - 1} more files in {written[0].parent}/")
+
+
+
+
+def print_audit_config(console: Console, keys: Sequence[str], effective: Mapping[str, Any],
+                       sources: Mapping[str, str]) -> None:
+    """The effective configuration as a table: key, value, source."""
+    table = Table(title="gleak audit: effective configuration", title_justify="left")
+    for col in ("key", "value", "from"):
+        table.add_column(col, overflow="fold")
+    for key in keys:
+        value = effective[key]
+        shown = ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        table.add_row(key.replace("_", "-"), escape(shown if value not in (None, []) else "—"), escape(sources[key]))
+    console.print(table)
+
+
+
+
+def print_audit(console: Console, report: Report) -> None:
+    """The console summary: findings by severity, one row per capture, the verdict."""
+    from gleak.report.model import SEVERITIES, severity_rank
+
+    by_capture: dict[str, list[Any]] = {}
+    for f in report.findings:
+        by_capture.setdefault(f.capture, []).append(f)
+    counts = {s: sum(f.severity == s for f in report.findings) for s in SEVERITIES}
+    summary = "  ".join(f"[{STYLE[s]}]{s} {n}[/]" for s, n in reversed(counts.items()) if n)
+    console.print(f"[bold]gleak audit[/] ({report.budget}): {len(report.captures)} capture(s), "
+                  f"{len(report.findings)} finding(s)" + (f": {summary}" if summary else ""), soft_wrap=True)
+    table = Table(show_lines=False)
+    table.add_column("capture", overflow="fold")
+    for col in ("kind", "best labels", "iAcc/chance", "images", "worst"):
+        table.add_column(col)
+    for c in report.captures:
+        if c.status == "error":
+            table.add_row(escape(c.capture.path), "[red]error[/]", escape(c.error or ""), "", "", "")
+            continue
+        scored = [a for a in c.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
+        best = max(scored, key=lambda a: (a.scores or {}).get("iacc") or 0.0) if scored else None
+        label = iacc = "—"
+        if best is not None and c.chance is not None:
+            value = (best.scores or {}).get("iacc") or 0.0
+            label, iacc = best.attack, f"{value:.2f}/{c.chance['iacc']:.2f}"
+        elif c.truth_counts is None:
+            label = "no truth"
+        images = "—"
+        recon = next((a for a in c.attacks if a.task == "reconstruct"), None)
+        if recon is not None:
+            psnr = (recon.scores or {}).get("psnr")
+            images = f"{recon.attack} {psnr:.1f} dB" if psnr is not None else f"{recon.attack} ({recon.status})"
+        found = by_capture.get(c.capture.path, [])
+        worst = max((f.severity for f in found), key=severity_rank, default=None)
+        kind = f"{c.kind} B={c.batch_size}" + (f" m={c.local_steps}" if (c.local_steps or 1) > 1 else "")
+        table.add_row(escape(c.capture.path), kind, label, iacc, images,
+                      f"[{STYLE[worst]}]{worst}[/]" if worst else "none")
+    console.print(table)
+    for f in sorted(report.findings, key=lambda f: -severity_rank(f.severity)):
+        console.print(f"[{STYLE[f.severity]}]{f.severity:>8}[/] {f.rule} {escape(f.capture)}: {escape(f.title)}",
+                      soft_wrap=True)
+    for n in report.notices:
+        console.print(f"[yellow]note[/] {n.code} {escape(n.capture or '')}: {escape(n.message)}", soft_wrap=True)
+    if report.has_errors():
+        console.print("[bold red]some captures could not be audited (exit 2)[/]")
+    elif report.fail_on == "none":
+        console.print("verdict: reported only (--fail-on none)")
+    elif report.failed():
+        console.print(f"[bold red]FAIL[/]: a finding at or above --fail-on {report.fail_on} (exit 1)")
+    else:
+        console.print(f"[bold green]PASS[/]: no finding at or above --fail-on {report.fail_on}")

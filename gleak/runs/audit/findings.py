@@ -1,0 +1,160 @@
+"""The audit's finding rules and notices: what a capture's scores mean, by documented thresholds.
+
+Findings and their thresholds (defaults in :class:`~gleak.report.model.Thresholds`, documented in docs/audit.md):
+
+* ``GLEAK-LABELS`` — the best label attack's iAcc (the instance-level accuracy of the recovered label counts,
+  as in Ma et al., ICLR 2023, and Chen & Vikalo, ICML 2024): critical when every label is recovered exactly,
+  high at iAcc ≥ 0.9, medium when it beats random guessing (the exact chance iAcc of the same batch) by ≥ 0.2,
+  low by ≥ 0.05.
+* ``GLEAK-SOFT-LABEL`` — the soft label of one example recovered within L1 < 1e-3, the success criterion of
+  Wang, Liang & He (ICLR 2024): high.
+* ``GLEAK-IMAGES`` — the mean PSNR of the matched reconstructions: critical ≥ 30 dB, high ≥ 20 dB, medium when
+  ≥ 3 dB above the no-attack baseline (each image's flat mean colour, or the mean of the other true images),
+  low ≥ 1 dB above it.
+* ``GLEAK-LABELS-AGREE`` (no ground truth) — independent label attacks that agree exactly: info, since only
+  the truth can say whether they agree on the right answer.
+"""
+
+from __future__ import annotations
+
+from gleak.attacks.context import Context
+from gleak.report.model import AttackEntry, CaptureReport, Finding, Notice, Severity, Thresholds
+
+
+def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
+    scored = [a for a in report.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
+    findings: list[Finding] = []
+    if scored and report.chance is not None:
+        best = max(scored, key=lambda a: a.scores["iacc"] or 0.0)  # type: ignore[index]
+        iacc = float(best.scores["iacc"] or 0.0)  # type: ignore[index]
+        chance = float(report.chance["iacc"])
+        margin = iacc - chance
+        exact = float((best.scores or {}).get("exact") or 0.0)
+        severity, threshold = label_severity(iacc, chance, th, exact=exact >= 1.0)
+        if severity is not None:
+            findings.append(Finding(
+                rule="GLEAK-LABELS", severity=severity, capture=report.capture.path, attack=best.attack,
+                title=f"{best.attack} recovers {iacc:.0%} of the batch's labels (chance {chance:.0%})",
+                measured=round(iacc, 4), metric="iacc", chance=round(chance, 4), threshold=round(threshold, 4),
+                detail=f"margin over random guessing {margin:+.3f}; exact-count accuracy {exact:.3f}"))
+    soft = [a for a in report.attacks if a.scores and a.scores.get("soft_success") == 1.0]
+    if soft:
+        a = soft[0]
+        findings.append(Finding(
+            rule="GLEAK-SOFT-LABEL", severity="high", capture=report.capture.path, attack=a.attack,
+            title=f"{a.attack} recovers the example's soft label (L1 {a.scores['soft_l1']:.1e})",  # type: ignore[index]
+            measured=a.scores["soft_l1"], metric="soft_l1", threshold=1e-3,  # type: ignore[index]
+            detail="success criterion of Wang, Liang & He (ICLR 2024): L1 distance below 1e-3"))
+    if not scored:
+        expected = expected_finding(report, th)
+        if expected is not None:
+            findings.append(expected)
+        ok = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.counts is not None]
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for a in ok:
+            groups.setdefault(tuple(a.counts or ()), []).append(a.attack)
+        agreeing = max(groups.values(), key=len, default=[])
+        if len(agreeing) >= 2:
+            findings.append(Finding(
+                rule="GLEAK-LABELS-AGREE", severity="info", capture=report.capture.path, attack=agreeing[0],
+                title=f"{len(agreeing)} of {len(ok)} label attacks agree on the same label counts",
+                measured=round(len(agreeing) / len(ok), 4), metric="agreement",
+                detail=f"{', '.join(agreeing)}; without ground truth, agreement is not proof of a leak"))
+    return findings
+
+
+def label_severity(iacc: float, chance: float, th: Thresholds, exact: bool) -> tuple[Severity | None, float]:
+    """The GLEAK-LABELS ladder: critical (every label exactly), high (iAcc ≥ labels_high), then margins over chance;
+    (None, 0) below the low margin."""
+    if exact and iacc >= th.labels_critical:
+        return "critical", th.labels_critical
+    if iacc >= th.labels_high:
+        return "high", th.labels_high
+    if iacc - chance >= th.labels_medium_margin:
+        return "medium", chance + th.labels_medium_margin
+    if iacc - chance >= th.labels_low_margin:
+        return "low", chance + th.labels_low_margin
+    return None, 0.0
+
+
+def expected_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
+    """Without truth: the best informative attack's iAcc on batches simulated like this capture's (calibrated
+    confidence), judged by the GLEAK-LABELS thresholds; never critical (exactness needs the truth)."""
+    from gleak.attacks.labels.confidence import best_informative
+
+    calibrated = {a.attack: a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
+                  and a.confidence.get("calibrated")}
+    name = best_informative({n: a.confidence or {} for n, a in calibrated.items()})
+    if name is None:
+        return None
+    best, conf = calibrated[name], calibrated[name].confidence or {}
+    iacc, chance = float(conf["expected_iacc"]), float(conf["chance_iacc"])
+    severity, threshold = label_severity(iacc, chance, th, exact=False)
+    if severity is None:
+        return None
+    return Finding(
+        rule="GLEAK-LABELS-EXPECTED", severity=severity, capture=report.capture.path, attack=best.attack,
+        title=f"{best.attack} is expected to recover {iacc:.0%} of the labels (chance {chance:.0%}), measured on "
+              f"{conf['simulations']} batches simulated like this one",
+        measured=round(iacc, 4), metric="expected_iacc", chance=round(chance, 4), threshold=round(threshold, 4),
+        detail=f"no ground truth; {100 * conf['level']:.0f} % count intervals ±{conf['half_width']} per class")
+
+
+def image_finding(report: CaptureReport, entry: AttackEntry, baseline: float, th: Thresholds) -> Finding | None:
+    psnr = (entry.scores or {}).get("psnr")
+    if psnr is None:
+        return None
+    severity: Severity | None = None
+    threshold = 0.0
+    if psnr >= th.image_critical_psnr:
+        severity, threshold = "critical", th.image_critical_psnr
+    elif psnr >= th.image_high_psnr:
+        severity, threshold = "high", th.image_high_psnr
+    elif psnr >= baseline + th.image_medium_margin:
+        severity, threshold = "medium", baseline + th.image_medium_margin
+    elif psnr >= baseline + th.image_low_margin:
+        severity, threshold = "low", baseline + th.image_low_margin
+    if severity is None:
+        return None
+    ssim = (entry.scores or {}).get("ssim")
+    return Finding(rule="GLEAK-IMAGES", severity=severity, capture=report.capture.path, attack=entry.attack,
+                   title=f"{entry.attack} reconstructs the inputs at {psnr:.1f} dB PSNR", measured=round(psnr, 3),
+                   metric="psnr", chance=round(baseline, 3), threshold=round(threshold, 3),
+                   detail=f"SSIM {ssim:.3f}; no-attack baseline {baseline:.2f} dB" if ssim is not None else None)
+
+
+NOTICE_CODES = {
+    "NO_TRUTH": "no ground truth beside the capture: recovered values are reported, not scored",
+    "NO_AUX": "no auxiliary data fits the capture's model: attacks that need it did not run",
+    "NO_MODEL_HASH": "the capture records no gleak.model.sha256: the model could not be verified",
+    "MODEL_MISMATCH_ALLOWED": "the model's weights differ from the capture's (--allow-model-mismatch)",
+    "ATTACK_FAILED": "an attack could not finish on this input (its reason says why)",
+    "ATTACK_ERROR": "an attack raised an unexpected error (recorded; the audit went on)",
+    "RECONSTRUCTION_SKIPPED": "the budget's reconstruction did not run (the message says why)",
+    "LABELS_UNINFORMATIVE": "without truth, no label attack beats chance on batches simulated like this capture's",
+}
+
+
+def notices_for(ctx: Context, report: CaptureReport, capture: str, aux_given: bool) -> list[Notice]:
+    """Warnings with stable codes (:data:`NOTICE_CODES`) about one audited capture."""
+    out: list[Notice] = []
+    if report.aux is None:
+        out.append(Notice(code="NO_AUX", capture=capture, message=(
+            "none of the --aux data fits this capture's model (input shape and classes)" if aux_given else
+            "no --aux data given: attacks that need it (e.g. posterior, rlu, llg-plus, zlg-plus) did not run")))
+    check = ctx.model_check
+    if check is not None and check.status == "not_recorded":
+        out.append(Notice(code="NO_MODEL_HASH", capture=capture, message=NOTICE_CODES["NO_MODEL_HASH"]))
+    if check is not None and check.status == "mismatch_allowed":
+        out.append(Notice(code="MODEL_MISMATCH_ALLOWED", capture=capture,
+                          message=NOTICE_CODES["MODEL_MISMATCH_ALLOWED"]))
+    calibrated = [a for a in report.attacks if a.confidence and a.confidence.get("calibrated")]
+    if calibrated and not any((a.confidence or {}).get("informative") for a in calibrated):
+        out.append(Notice(code="LABELS_UNINFORMATIVE", capture=capture, message=(
+            f"none of the {len(calibrated)} label attacks beats chance on both the uniform and the skewed batches "
+            "simulated like this capture's: their counts are no evidence of a leak at this model and setting")))
+    for a in report.attacks:
+        if a.status in ("failed", "error"):
+            out.append(Notice(code=f"ATTACK_{a.status.upper()}", capture=capture,
+                              message=f"{a.attack}: {a.reason or a.status}"))
+    return out

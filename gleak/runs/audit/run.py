@@ -1,0 +1,49 @@
+"""Auditing many captures: discover them, start the executor (:mod:`gleak.runs.audit.executors`) with what
+every worker loads once, and stream the per-capture results, in the captures' order, into one
+:class:`~gleak.report.model.Report`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from gleak import __version__
+from gleak.report.model import Report
+from gleak.runs.audit.capture import CaptureResult
+from gleak.runs.audit.executors import WorkerSetup, run_captures
+from gleak.runs.audit.setup import AuditConfig, find_captures, find_models
+from gleak.runs.inputs import resolve_device
+
+
+def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: Sequence[Path],
+              config: AuditConfig, out_dir: Path | None = None,
+              progress: Callable[[int, int, Path], None] | None = None, jobs: int = 1,
+              executor: str = "local", address: str | None = None) -> Report:
+    """Audit every capture under ``captures`` against the models and aux data given; the whole report.
+
+    ``executor`` ``local`` audits in this process, or with ``jobs`` > 1 in that many worker processes (spawned,
+    the same torch thread count, each loading the models and aux data once); ``ray`` audits on a Ray cluster
+    (:mod:`gleak.executors.ray`). The report keeps the captures' order either way; captures are read one at a
+    time, so memory does not grow with their number."""
+    started = time.perf_counter()
+    files = find_captures(captures)
+    model_files = find_models(model_paths)
+    report = Report(gleak_version=__version__, command=list(config.command), budget=config.budget,
+                    fail_on=config.fail_on, seed=config.seed, device=str(resolve_device(config.device)),
+                    threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs, executor=executor)
+    setup = WorkerSetup(tuple(model_files), tuple(aux_paths), config, torch.get_num_threads())
+    results: list[CaptureResult | None] = [None] * len(files)
+    for done, (i, result) in enumerate(run_captures(files, setup, out_dir, executor, jobs, address)):
+        results[i] = result
+        if progress is not None:
+            progress(done, len(files), files[i])
+    for entry in results:
+        assert entry is not None
+        report.captures.append(entry[0])
+        report.findings += entry[1]
+        report.notices += entry[2]
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report

@@ -1,0 +1,124 @@
+"""Audit set-up: the configuration (:class:`AuditConfig`: budget, gate, thresholds, options), finding the
+captures and model files, and the model store (:class:`ModelSet`) that matches each capture to its model by the
+weights' hash and picks the auxiliary data that fits it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gleak.capture import Capture
+from gleak.data import Dataset
+from gleak.errors import GleakError, shorten
+from gleak.io import safetensors_kind
+from gleak.models import LoadedModel, load_model
+from gleak.report.model import Severity, Thresholds
+
+BUDGETS = ("quick", "standard", "full")
+# budget -> iterations of the bounded gradient-matching run (None: the attack's default); quick runs none
+STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
+MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
+CAPTURE_KINDS = ("gradient", "update")
+FORWARD_CACHE_ENTRIES = 8  # (model, aux, mode) combinations whose aux forwards an audit keeps
+
+
+@dataclass
+class AuditConfig:
+    """What to run and how to judge it."""
+
+    budget: str = "quick"
+    fail_on: Severity | Literal["none"] = "high"
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    seed: int = 0
+    device: str = "auto"
+    lpips: str = "alex"
+    allow_model_mismatch: bool = False
+    trust_pickle: bool = False
+    arch: str | None = None
+    arch_kwargs: str | None = None
+    command: list[str] = field(default_factory=list)
+    options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
+    confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
+
+    def __post_init__(self) -> None:
+        if self.budget not in BUDGETS:
+            raise GleakError(f"--budget must be one of {', '.join(BUDGETS)}, got {shorten(repr(self.budget), 40)}")
+
+
+    def attack_options(self, name: str, budget: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What configures attack ``name``: the budget's bounds (e.g. ``{"iterations": 500}``), then the user's
+        ``-O`` values, which win."""
+        return {**(budget or {}), **self.options.get(name, {})}
+
+
+# ----------------------------------------------------------------------------------------------- discovery
+def find_captures(paths: Sequence[Path]) -> list[Path]:
+    """Captures named directly, and every capture file (gleak.kind gradient/update) under the directories."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += [p for p in sorted(path.rglob("*.safetensors"))
+                      if p.is_file() and safetensors_kind(p) in CAPTURE_KINDS]
+        elif path.exists():
+            found.append(path)
+        else:
+            raise GleakError(f"{path}: no such file or directory")
+    if not found:
+        raise GleakError("no captures found in " + ", ".join(str(p) for p in paths))
+    return list(dict.fromkeys(found))
+
+
+def find_models(paths: Sequence[Path]) -> list[Path]:
+    """Model files named directly, and every model-like file in the directories (captures and data excluded)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MODEL_SUFFIXES
+                      and (p.suffix.lower() != ".safetensors" or safetensors_kind(p) is None)]
+        elif path.exists():
+            found.append(path)
+        else:
+            raise GleakError(f"{path}: no such file or directory")
+    if not found:
+        hint = next((f" (global models saved by gleak.integrations are in {p / 'models'}: pass that folder)"
+                     for p in paths if p.is_dir() and (p / "models").is_dir()), "")
+        raise GleakError("no model files found in " + ", ".join(str(p) for p in paths) + hint)
+    return found
+
+
+@dataclass
+class ModelSet:
+    """The models given, loaded once, indexed by the tensor hash captures record (gleak.model.sha256)."""
+
+    models: list[tuple[Path, LoadedModel]]
+    # aux-set forwards shared by every capture audited with the same model, aux data and forward mode
+    forward_cache: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, paths: Sequence[Path], config: AuditConfig) -> ModelSet:
+        return cls([(p, load_model(p, config.arch, config.arch_kwargs, config.trust_pickle)) for p in paths])
+
+    def match(self, capture: Capture) -> tuple[Path, LoadedModel]:
+        recorded = capture.get("gleak.model.sha256")
+        if recorded is not None:
+            for path, loaded in self.models:
+                if loaded.weights_sha256 == recorded:
+                    return path, loaded
+            if len(self.models) == 1:
+                return self.models[0]  # build_context then refuses it unless --allow-model-mismatch
+            raise GleakError(f"none of the {len(self.models)} models has the weights this capture was made with "
+                             f"(gleak.model.sha256 {recorded[:12]}…)")
+        if len(self.models) == 1:
+            return self.models[0]
+        raise GleakError("the capture records no gleak.model.sha256 and several models were given: audit it "
+                         "with its one model")
+
+
+def pick_aux(auxes: Sequence[tuple[Path, Dataset]], input_shape: tuple[int, ...] | None,
+             num_classes: int) -> tuple[Path, Dataset] | None:
+    """The first auxiliary data set that fits a model with ``input_shape`` and ``num_classes``, or None."""
+    from gleak.attacks.context import aux_problem
+
+    return next(((p, d) for p, d in auxes if aux_problem(d, input_shape, num_classes) is None), None)

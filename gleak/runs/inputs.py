@@ -1,0 +1,116 @@
+"""Opening what a run reads — capture, model, ground truth, auxiliary data — into a validated
+:class:`~gleak.attacks.Context`, and choosing the device. ``gleak labels`` and ``gleak reconstruct`` start here;
+the audit opens its files through :mod:`gleak.runs.audit.setup` with the same checks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gleak.attacks import Context, build_context
+from gleak.capture import Truth, load_capture, load_truth, truth_path_for
+from gleak.data import load_dataset
+from gleak.errors import GleakError
+from gleak.losses import LossSpec
+from gleak.models import load_model
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(device: str) -> torch.device:
+    """The torch device for ``auto``, ``cpu`` or ``cuda[:N]``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise GleakError(f"--device {device} requested but no CUDA device is available")
+        return torch.device(device)
+    raise GleakError(f"--device must be auto, cpu or cuda, got '{device}'")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to load the global model: the file and, for weight files, its architecture (see
+    :func:`gleak.models.load_model`). Pickles run code: ``trust_pickle`` is the user's decision."""
+
+    path: Path | None = None
+    arch: str | None = None
+    arch_kwargs: str | None = None
+    trust_pickle: bool = False
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Everything one capture's run opens: the capture, its model, auxiliary data, ground truth (``truth`` given,
+    or ``NAME.truth.safetensors`` beside the capture unless ``no_truth``), and how to read them.
+
+    ``loss_overrides`` (LossSpec field -> value, None ignored) beat the capture's metadata."""
+
+    capture: Path
+    model: ModelSpec = field(default_factory=ModelSpec)
+    aux: Path | None = None
+    truth: Path | None = None
+    no_truth: bool = False
+    fc_layer: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    batch_size: int | None = None
+    loss_overrides: Mapping[str, Any] = field(default_factory=dict)
+    allow_model_mismatch: bool = False
+
+    def truth_file(self) -> Path | None:
+        """The ground-truth file this run reads, or None."""
+        if self.no_truth:
+            return None
+        if self.truth is not None:
+            return self.truth
+        beside = truth_path_for(self.capture)
+        return beside if beside.exists() else None
+
+
+@dataclass
+class Inputs:
+    """An opened capture: its validated Context, the ground truth (checked against it) and where it came from."""
+
+    spec: InputSpec
+    ctx: Context
+    truth: Truth | None
+    truth_path: Path | None
+
+
+def open_inputs(spec: InputSpec) -> Inputs:
+    """Load and validate everything ``spec`` names (every problem is a one-line GleakError)."""
+    if spec.truth is not None and spec.no_truth:
+        raise GleakError("--truth and --no-truth contradict each other; give one")
+    if spec.batch_size is not None and spec.batch_size < 1:
+        raise GleakError("--batch-size must be ≥ 1")
+    cap = load_capture(spec.capture)
+    m = spec.model
+    loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle) if m.path is not None else None
+    aux_data = load_dataset(spec.aux) if spec.aux is not None else None
+    loss = LossSpec.from_metadata(cap.meta)
+    overrides = {k: v for k, v in spec.loss_overrides.items() if v is not None}
+    if overrides:
+        loss = replace(loss, **overrides)  # validates through LossSpec.__post_init__
+    ctx = build_context(cap, loaded, aux_data, resolve_device(spec.device), spec.seed, spec.fc_layer,
+                        spec.batch_size, loss, spec.allow_model_mismatch)
+    truth_file = spec.truth_file()
+    truth = load_truth(truth_file, cap) if truth_file is not None else None
+    if truth is not None:
+        truth.check(ctx.num_classes, ctx.total_examples, f"ground truth {truth_file}")
+    return Inputs(spec, ctx, truth, truth_file)
+
+
+def soft_truth(ctx: Context, truth: Truth | None) -> torch.Tensor | None:
+    """The single example's true label as a probability vector (one-hot for a hard label); None unless the
+    capture holds exactly one example and its truth is known."""
+    if truth is None or ctx.total_examples != 1:
+        return None
+    lab = truth.labels
+    return lab[0].double() if lab.dim() == 2 else torch.nn.functional.one_hot(lab[0], ctx.num_classes).double()

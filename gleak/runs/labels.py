@@ -1,0 +1,96 @@
+"""The label-recovery run behind ``gleak labels``: open the capture, run every applicable label attack (or the
+ones named) with their typed options, score them against the ground truth and the chance baseline when it is
+known, calibrate them on simulated batches on request, and return the typed :class:`LabelsReport`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gleak.attacks.plan import run_label_attacks, select_attacks
+from gleak.attacks.registry import attack_class, resolve_assignments
+from gleak.metrics.labels import chance_scores, truth_counts
+from gleak.registry import check_flag_conflicts, resolve_options
+from gleak.report.model import LabelsReport
+from gleak.runs.inputs import InputSpec, open_inputs, soft_truth
+
+# dedicated flags of `gleak labels` -> the attack whose option they set
+FLAG_OWNERS = {"augmentation": "softlabel"}
+
+
+@dataclass(frozen=True)
+class LabelsRequest:
+    """``gleak labels``: the inputs, the attacks to run (None: every default one), the dedicated flags' values
+    (``{"augmentation": "mixup"}``, see :data:`FLAG_OWNERS`), ``-O`` assignments by attack, and the number of
+    simulated batches to calibrate each attack on (0: off)."""
+
+    inputs: InputSpec
+    attacks: Sequence[str] | None = None
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    confidence: int = 0
+
+    def check(self) -> None:
+        """Every option and attack name checked before any file is read (one-line GleakErrors)."""
+        for key, value in self.flags.items():
+            owner = FLAG_OWNERS[key]
+            check_flag_conflicts({key: value}, self.options, [owner])
+            resolve_options(attack_class(owner), {key: value}, {key: f"--{key}"})
+        resolve_assignments(self.options, task="labels")  # every -O checked before any work
+        select_attacks("labels", self.attacks)
+
+    def attack_options(self, name: str) -> dict[str, Any]:
+        """What configures attack ``name``: its flags, then its ``-O`` values."""
+        flags = {k: v for k, v in self.flags.items() if FLAG_OWNERS[k] == name}
+        return {**flags, **self.options.get(name, {})}
+
+
+def run_labels(request: LabelsRequest, progress: Callable[[str], None] | None = None) -> LabelsReport:
+    """Open the inputs, run and score the label attacks; the typed report (``progress`` is called with each
+    attack's name as it starts)."""
+    request.check()
+    chosen = select_attacks("labels", request.attacks)
+    inputs = open_inputs(request.inputs)
+    ctx = inputs.ctx
+    counts = truth_counts(inputs.truth.labels, ctx.num_classes) if inputs.truth is not None else None
+    truth_soft = soft_truth(ctx, inputs.truth)
+    sources = {k: f"--{k}" for k in request.flags}
+    for attack in chosen:
+        attack.configure(request.attack_options(attack.name), sources)
+    results = run_label_attacks(ctx, chosen, counts, progress, truth_soft, request.confidence)
+    ran = {r.attack for r in results if r.status != "not_applicable"}  # a failed attack still used its options
+    ignored = [f"--{key}: only {FLAG_OWNERS[key]} uses it, and {FLAG_OWNERS[key]} did not run"
+               for key in request.flags if FLAG_OWNERS[key] not in ran]
+    ignored += [f"-O {name}.{key}: {name} did not run" for name, values in request.options.items()
+                if name not in ran for key in values]
+    loss = ctx.loss
+    data: dict[str, Any] = {
+        "capture": str(ctx.capture.path), "kind": ctx.kind, "batch_size": ctx.batch_size,
+        "local_steps": ctx.local_steps, "num_classes": ctx.num_classes,
+        "last_layer": ctx.layer.name, "gradient_note": ctx.gradient_note,
+        "loss": {"name": loss.name, "reduction": loss.reduction, "temperature": loss.temperature,
+                 "label_smoothing": loss.label_smoothing, "focal_gamma": loss.focal_gamma,
+                 "focal_alpha": loss.focal_alpha},
+        "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
+        "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
+        "model_mode": ctx.model_mode(),
+        "truth_counts": counts.tolist() if counts is not None else None,
+        "chance": chance_scores(counts) if counts is not None else None,
+        "results": [r.to_json() for r in results],
+        "threads": torch.get_num_threads(),
+        "truth_soft_label": truth_soft.tolist() if truth_soft is not None else None,
+        "ignored_options": ignored,
+    }
+    return LabelsReport.build(data)  # typed: a missing or mistyped key fails here
+
+
+def no_counts_reason(report: LabelsReport) -> str | None:
+    """Why no attack gave counts (every one not applicable, or every one that ran failed), or None."""
+    if any(r.status == "ok" for r in report.results):
+        return None
+    if all(r.status == "not_applicable" for r in report.results):
+        return "no label attack applies to this capture"
+    return "no label attack gave counts for this capture"
