@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -174,7 +175,7 @@ def _optimizer(params: list[nn.Parameter], cfg: ClientConfig) -> torch.optim.Opt
                            weight_decay=cfg.weight_decay)
 
 
-def _metadata(cfg: ClientConfig, data: Dataset, num_classes: int) -> dict:
+def _metadata(cfg: ClientConfig, data: Dataset, num_classes: int) -> dict[str, Any]:
     meta = {
         "gleak.batch_size": cfg.batch_size, "gleak.num_examples": cfg.batch_size * cfg.local_steps,
         "gleak.local_steps": cfg.local_steps, "gleak.learning_rate": cfg.learning_rate,

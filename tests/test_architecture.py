@@ -32,8 +32,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gleak.models", "gleak.data", "gleak.losses"),
     ("gleak.io", "gleak.errors", "gleak.registry", "gleak"),  # foundations: files, errors, typed plug-in options
 )
-# Being moved into gleak.runs: their imports are not checked against the layers (cycles through them are).
-LEGACY: tuple[str, ...] = ("gleak.audit", "gleak.pipeline", "gleak.executors")
+# The deprecated re-export of gleak.runs.audit, kept for one release (CHANGELOG): its imports are not checked
+# against the layers (cycles through it are).
+LEGACY: tuple[str, ...] = ("gleak.audit",)
 
 STRING_IMPORTERS = frozenset({"deferred", "import_module", "__import__"})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import typer
 from rich.markup import escape
@@ -33,7 +33,7 @@ from gleak.cli.common import (
 from gleak.errors import GleakError, shorten
 
 if TYPE_CHECKING:
-    from gleak.report.model import Report
+    from gleak.report.model import Report, Severity
 
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
 MAX_JOBS = 256
@@ -153,7 +153,8 @@ def audit(
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
     if output is not None:
         check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]])
-    config = AuditConfig(budget=budget, fail_on=fail_on,  # type: ignore[arg-type]
+    gate = cast("Severity | Literal['none']", fail_on)  # one of SEVERITY_NAMES, checked above
+    config = AuditConfig(budget=budget, fail_on=gate,
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
                          confidence=confidence,

@@ -22,7 +22,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -390,7 +390,7 @@ def handle_errors(fn: F) -> F:
                  "(please report it; -v shows the traceback)")
             raise typer.Exit(3) from None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 def _wants_json(format: Any) -> bool:

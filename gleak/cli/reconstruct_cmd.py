@@ -5,7 +5,7 @@ bar, writes the files and renders the typed report."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -35,6 +35,9 @@ from gleak.cli.common import (
     print_json,
 )
 from gleak.errors import GleakError
+
+if TYPE_CHECKING:
+    from gleak.runs.reconstruct import ReconstructRequest, ReconstructRun
 
 
 class ReconSettingsBounds:
@@ -120,7 +123,7 @@ def reconstruct(
         print_reconstruct(console, data, written)
 
 
-def _run_with_progress(request: Any, quiet: bool) -> Any:
+def _run_with_progress(request: ReconstructRequest, quiet: bool) -> ReconstructRun:
     """run_reconstruct under a progress bar: steps over all restarts, best loss, time elapsed and left."""
     from rich.progress import TimeRemainingColumn
 

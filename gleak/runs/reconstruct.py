@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from gleak.registry import check_flag_conflicts
 from gleak.report.model import ReconstructReport
 from gleak.runs.inputs import InputSpec, open_inputs
 from gleak.runs.scoring import ScoredImages, score_outputs, score_reconstruction
+
+if TYPE_CHECKING:
+    from gleak.generator.file import GeneratorFile
 
 FIXED_OUTPUTS = ("grid.png", "metrics.json", "images.safetensors", "recovered.safetensors")
 LPIPS_NETS = ("alex", "vgg", "off")
@@ -86,7 +89,8 @@ class Reconstruction:
 
 
 def reconstruct(ctx: Context, attack: ReconstructionAttack, labels: str, truth: Truth | None,
-                generator: Any = None, progress: Progress | None = None, lpips: str = "alex") -> Reconstruction:
+                generator: GeneratorFile | None = None, progress: Progress | None = None,
+                lpips: str = "alex") -> Reconstruction:
     """Prepare ``attack``'s targets from ``labels`` (``auto``, ``truth`` or a labels report; a GleakError when
     there are none), run it (never raises: a failure is the result's status), and score what it made against
     ``truth`` when given."""

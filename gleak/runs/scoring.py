@@ -66,7 +66,10 @@ def score_outputs(ctx: Context, truth: Truth, recovered: dict[str, torch.Tensor]
     true_h, true_z = ctx.features_and_logits(truth.inputs)
     true_h, true_z = true_h.double().flatten(1), true_z.double()
     n = len(true_z)
-    ref = logits.double() if logits is not None else feats.double()  # type: ignore[union-attr]
+    given = logits if logits is not None else feats
+    if given is None:
+        return None
+    ref = given.double()
     target = true_z if logits is not None else true_h
     if len(ref) != n or ref.shape[1] != target.shape[1]:
         return None

@@ -5,6 +5,8 @@ Notes: docs/methods/label-recovery.md#idlg.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
@@ -35,7 +37,7 @@ class IDLG(Attack):
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         g = row_sums(ctx.require_grad_weight())
         counts = torch.zeros(ctx.num_classes, dtype=torch.long)
-        diagnostics: dict = {"row_sums": g}
+        diagnostics: dict[str, Any] = {"row_sums": g}
         warnings: list[str] = []
         scale = float(g.abs().max())
         if scale <= ZERO:

@@ -5,7 +5,7 @@ Equation and algorithm numbers are those of the 2021 preprint; notes: docs/metho
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
@@ -72,7 +72,7 @@ def _estimate_from_batches(ctx: Context, features: torch.Tensor, logits: torch.T
 class _LLGBase(Attack):
     paper = "Wainakh et al., User-Level Label Leakage from Gradients in Federated Learning, PoPETs 2022"
 
-    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
+    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, Any]]:
         raise NotImplementedError
 
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
@@ -95,7 +95,7 @@ class LLG(_LLGBase):
     summary = "label counts from gradient row sums; impact from the negative rows"
     requires = Requirements(needs_nonneg_features=True)
 
-    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
+    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, Any]]:
         impact = float(g[g < 0].sum()) / ctx.require_batch_size() * (1 + 1 / ctx.num_classes)
         return impact, torch.zeros_like(g), {}
 
@@ -113,7 +113,7 @@ class LLGStar(_LLGBase):
     Options: ClassVar[type[AttackOptions]] = LLGEstimateOptions
     options: LLGEstimateOptions
 
-    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
+    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, Any]]:
         C, B, R = ctx.num_classes, ctx.require_batch_size(), self.options.repeats
         images = ctx.dummy_inputs(R * B, "random", self.rng(ctx))
         h, z = ctx.features_and_logits(images)  # [R·B, d], [R·B, C]
@@ -139,7 +139,7 @@ class LLGPlus(_LLGBase):
     Options: ClassVar[type[AttackOptions]] = LLGEstimateOptions
     options: LLGEstimateOptions
 
-    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict]:
+    def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, Any]]:
         C, B = ctx.num_classes, ctx.require_batch_size()
         h, z, y = ctx.aux_forward()
         gen = self.rng(ctx)

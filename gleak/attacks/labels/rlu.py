@@ -37,7 +37,7 @@ A FedSGD gradient is the m = 1 case with u = −∇b.
 from __future__ import annotations
 
 import copy
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -272,7 +272,7 @@ class RLU(Attack):
         o = self.options
         mc = _Confidences(start[1], gen, o.mc_samples)
         A = coefficient_matrix(mc(start[0]))
-        diagnostics: dict = {"rho_sum": float(rho.sum()), "mc_samples": o.mc_samples}
+        diagnostics: dict[str, Any] = {"rho_sum": float(rho.sum()), "mc_samples": o.mc_samples}
         if m == 1:
             z = simplex_least_squares(A, u)
             counts = round_counts(z * B, B)
@@ -313,7 +313,8 @@ class RLU(Attack):
         mean, cov = update_statistics(logits, labels, b0, ctx, with_weight=u_W is not None)
         return gls_counts(x.flatten(), mean, cov, counts, self.options.gls_ridge)
 
-    def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: tuple, end: tuple, mc: _Confidences,
+    def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: tuple[torch.Tensor, torch.Tensor],
+                          end: tuple[torch.Tensor, torch.Tensor], mc: _Confidences,
                           eta: float, rho: np.ndarray, db: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Alg. 2: simulate the m steps' logit drift for the counts and move m labels while it helps."""
         m, B = ctx.local_steps, ctx.require_batch_size()

@@ -32,7 +32,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -363,7 +363,7 @@ def probe_prefers_mixup(fs: dict[str, PseudoLabel]) -> bool:
     return best["mixup"] < 1e-3 * best["smoothing"]
 
 
-def describe(label: torch.Tensor, augmentation: str) -> dict:
+def describe(label: torch.Tensor, augmentation: str) -> dict[str, Any]:
     """Implied ε (smoothing: off-target mass ε/C each) or the mixing pair and ratio (mixup)."""
     C = len(label)
     order = torch.argsort(label, descending=True)

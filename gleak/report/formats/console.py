@@ -18,6 +18,7 @@ from gleak.report.formats.text import fmt_number
 from gleak.report.model import Report
 
 NAME = "table"
+KIND_SHORT = {"gradient": "grad", "update": "upd"}  # the audit table's kind column
 STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
@@ -48,15 +49,15 @@ def print_labels(console: Console, data: Mapping[str, Any]) -> None:
     scored = data["truth_counts"] is not None
     table = Table(show_lines=False)
     table.add_column("attack", style="bold")
-    table.add_column("recovered (class×count)", overflow="fold")
-    table.add_column("time", justify="right")
+    table.add_column("recovered class×count", overflow="fold")
+    table.add_column("time", justify="right", no_wrap=True)
     calibrated = any(r.get("confidence") for r in results)
     if calibrated:
-        table.add_column("90 % ±", justify="right")
-        table.add_column("expected/chance", justify="right")
+        table.add_column("90 % ±", justify="right", no_wrap=True)
+        table.add_column("expected/chance", justify="right", no_wrap=True)
     if scored:
         for col in ("iAcc", "cAcc", "exact", "chance"):
-            table.add_column(col, justify="right")
+            table.add_column(col, justify="right", no_wrap=True)
     reasons: dict[str, list[str]] = {}
     for r in results:
         if r["status"] != "ok":
@@ -210,6 +211,22 @@ def print_audit_config(console: Console, keys: Sequence[str], effective: Mapping
     console.print(table)
 
 
+def short_names(paths: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """The folder the paths share and each path below it (its name alone when the names differ), so that a
+    table cell stays one line at 80 columns; the full paths stay in the lines under the table."""
+    import posixpath
+
+    unique = list(dict.fromkeys(paths))
+    if not unique:
+        return "", {}
+    parents = [posixpath.dirname(p.replace("\\", "/")) for p in unique]
+    try:
+        common = posixpath.commonpath(parents) if all(parents) or not any(parents) else ""
+    except ValueError:  # absolute and relative paths mixed
+        common = ""
+    names = {p: (posixpath.relpath(p.replace("\\", "/"), common) if common else p).removesuffix(".safetensors")
+             for p in unique}
+    return common, names
 
 
 def print_audit(console: Console, report: Report) -> None:
@@ -223,13 +240,15 @@ def print_audit(console: Console, report: Report) -> None:
     summary = "  ".join(f"[{STYLE[s]}]{s} {n}[/]" for s, n in reversed(counts.items()) if n)
     console.print(f"[bold]gleak audit[/] ({report.budget}): {len(report.captures)} capture(s), "
                   f"{len(report.findings)} finding(s)" + (f": {summary}" if summary else ""), soft_wrap=True)
-    table = Table(show_lines=False)
-    table.add_column("capture", overflow="fold")
-    for col in ("kind", "best labels", "iAcc/chance", "images", "worst"):
-        table.add_column(col)
+    folder, names = short_names([c.capture.path for c in report.captures])
+    table = Table(show_lines=False, caption=f"captures in {escape(folder)}/" if folder else None,
+                  caption_justify="left")
+    table.add_column("capture", overflow="ellipsis", no_wrap=True, max_width=28)
+    for col in ("kind", "labels", "iAcc/chance", "images", "worst"):
+        table.add_column(col, no_wrap=col in ("kind", "iAcc/chance", "worst"))
     for c in report.captures:
         if c.status == "error":
-            table.add_row(escape(c.capture.path), "[red]error[/]", escape(c.error or ""), "", "", "")
+            table.add_row(escape(names[c.capture.path]), "[red]error[/]", escape(c.error or ""), "", "", "")
             continue
         scored = [a for a in c.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
         best = max(scored, key=lambda a: (a.scores or {}).get("iacc") or 0.0) if scored else None
@@ -246,8 +265,9 @@ def print_audit(console: Console, report: Report) -> None:
             images = f"{recon.attack} {psnr:.1f} dB" if psnr is not None else f"{recon.attack} ({recon.status})"
         found = by_capture.get(c.capture.path, [])
         worst = max((f.severity for f in found), key=severity_rank, default=None)
-        kind = f"{c.kind} B={c.batch_size}" + (f" m={c.local_steps}" if (c.local_steps or 1) > 1 else "")
-        table.add_row(escape(c.capture.path), kind, label, iacc, images,
+        kind = f"{KIND_SHORT.get(c.kind or '', c.kind)} B={c.batch_size}" + (
+            f" m={c.local_steps}" if (c.local_steps or 1) > 1 else "")
+        table.add_row(escape(names[c.capture.path]), kind, label, iacc, images,
                       f"[{STYLE[worst]}]{worst}[/]" if worst else "none")
     console.print(table)
     for f in sorted(report.findings, key=lambda f: -severity_rank(f.severity)):

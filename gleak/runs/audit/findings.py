@@ -22,14 +22,14 @@ from gleak.report.model import AttackEntry, CaptureReport, Finding, Notice, Seve
 
 
 def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
-    scored = [a for a in report.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
+    scored = [(a, a.scores) for a in report.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
     findings: list[Finding] = []
     if scored and report.chance is not None:
-        best = max(scored, key=lambda a: a.scores["iacc"] or 0.0)  # type: ignore[index]
-        iacc = float(best.scores["iacc"] or 0.0)  # type: ignore[index]
+        best, best_scores = max(scored, key=lambda pair: pair[1]["iacc"] or 0.0)
+        iacc = float(best_scores["iacc"] or 0.0)
         chance = float(report.chance["iacc"])
         margin = iacc - chance
-        exact = float((best.scores or {}).get("exact") or 0.0)
+        exact = float(best_scores.get("exact") or 0.0)
         severity, threshold = label_severity(iacc, chance, th, exact=exact >= 1.0)
         if severity is not None:
             findings.append(Finding(
@@ -37,13 +37,13 @@ def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
                 title=f"{best.attack} recovers {iacc:.0%} of the batch's labels (chance {chance:.0%})",
                 measured=round(iacc, 4), metric="iacc", chance=round(chance, 4), threshold=round(threshold, 4),
                 detail=f"margin over random guessing {margin:+.3f}; exact-count accuracy {exact:.3f}"))
-    soft = [a for a in report.attacks if a.scores and a.scores.get("soft_success") == 1.0]
+    soft = [(a, a.scores) for a in report.attacks if a.scores and a.scores.get("soft_success") == 1.0]
     if soft:
-        a = soft[0]
+        a, s = soft[0]
         findings.append(Finding(
             rule="GLEAK-SOFT-LABEL", severity="high", capture=report.capture.path, attack=a.attack,
-            title=f"{a.attack} recovers the example's soft label (L1 {a.scores['soft_l1']:.1e})",  # type: ignore[index]
-            measured=a.scores["soft_l1"], metric="soft_l1", threshold=1e-3,  # type: ignore[index]
+            title=f"{a.attack} recovers the example's soft label (L1 {s['soft_l1']:.1e})",
+            measured=s["soft_l1"], metric="soft_l1", threshold=1e-3,
             detail="success criterion of Wang, Liang & He (ICLR 2024): L1 distance below 1e-3"))
     if not scored:
         expected = expected_finding(report, th)
