@@ -13,13 +13,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gleak.cli import app, train_generator_cmd
+from gleak.cli import app
 from gleak.data import load_dataset, save_dataset
 from gleak.errors import GleakError
 from gleak.generator.file import check_fits, load_generator
 from gleak.generator.train import aux_features
 from gleak.io import read_safetensors, save_safetensors, tensors_sha256
 from gleak.models import find_last_layer, load_model
+from gleak.runs import train_generator as train_generator_run
 
 from .conftest import CIFAR, CNN, FEDSGD, LENET, MNIST_AUX, ROOT, Result
 
@@ -175,7 +176,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path: Path, monkeypatch: py
     # every refusal comes before any training; an output refusal before even the model is read
     for name in ("aux_features", "train_decoder", "save_generator") + (
             ("load_model",) if case in ("existing-output", "output-is-aux") else ()):
-        monkeypatch.setattr(train_generator_cmd, name, never)
+        monkeypatch.setattr(train_generator_run, name, never)
     out = tmp_path / "out.safetensors"
     if case == "existing-output":
         out.write_bytes(b"keep me")

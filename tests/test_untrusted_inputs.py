@@ -328,12 +328,12 @@ def test_failed_reconstruction_leaves_nothing(gleak, env, monkeypatch) -> None:
 
 
 def test_failed_simulation_leaves_neither_file(gleak, env, monkeypatch) -> None:
-    import gleak.cli.simulate_cmd as cmd
+    import gleak.runs.simulate as run
 
     def broken(*_args, **_kwargs):
-        raise cmd.GleakError("disk full (simulated)")
+        raise run.GleakError("disk full (simulated)")
 
-    monkeypatch.setattr(cmd, "save_truth", broken)  # the capture is already staged when the truth fails
+    monkeypatch.setattr(run, "save_truth", broken)  # the capture is already staged when the truth fails
     r = gleak("simulate", "--model", LENET, "--data", MNIST_CLIENT, "-o", env["out"] / "c.safetensors")
     assert_refused(r, "disk full", out=env["out"])
 

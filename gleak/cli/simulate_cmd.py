@@ -22,30 +22,19 @@ from gleak.cli.common import (
     deferred,
     handle_errors,
     number,
-    resolve_device,
 )
 from gleak.errors import GleakError
 
 if TYPE_CHECKING:
-    from gleak.capture import save_capture, save_truth, truth_path_for
-    from gleak.data import load_dataset
-    from gleak.io import OutputSet, check_writable
+    from gleak.capture import truth_path_for
     from gleak.losses import LossSpec
     from gleak.metrics.labels import truth_counts
-    from gleak.models import load_model
-    from gleak.simulate import ClientConfig, simulate_client
+    from gleak.simulate import ClientConfig
 else:  # imported on first use: the CLI starts without torch
-    save_capture = deferred("gleak.capture", "save_capture")
-    save_truth = deferred("gleak.capture", "save_truth")
     truth_path_for = deferred("gleak.capture", "truth_path_for")
-    load_dataset = deferred("gleak.data", "load_dataset")
-    OutputSet = deferred("gleak.io", "OutputSet")
-    check_writable = deferred("gleak.io", "check_writable")
     LossSpec = deferred("gleak.losses", "LossSpec")
     truth_counts = deferred("gleak.metrics.labels", "truth_counts")
-    load_model = deferred("gleak.models", "load_model")
     ClientConfig = deferred("gleak.simulate", "ClientConfig")
-    simulate_client = deferred("gleak.simulate", "simulate_client")
 
 
 def parse_labels(text: str | None) -> tuple[int, ...] | None:
@@ -143,22 +132,12 @@ def simulate(
         labels=label_list, dirichlet_alpha=0.5 if dirichlet_alpha is None else dirichlet_alpha,
         train_mode=train_mode, seed=seed,
     )
-    truth_path = truth_path_for(output)
-    check_writable(output, force)
-    if not no_truth:
-        check_writable(truth_path, force)
-    loaded = load_model(model, arch, arch_kwargs, trust_pickle)
-    dataset = load_dataset(data)
-    from_zoo = loaded.arch is not None and not loaded.arch.startswith("torchvision:")
-    if from_zoo and loaded.input_shape and tuple(loaded.input_shape) != dataset.input_shape:
-        raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "
-                         f"{list(dataset.input_shape)}")
-    capture, truth = simulate_client(loaded.module, dataset, config, resolve_device(device))
-    with OutputSet(output.parent, force) as out:
-        save_capture(capture, out.path(output.name), force=force)
-        if not no_truth:
-            save_truth(truth, out.path(truth_path.name), capture_path=out.path_of(output.name), force=force)
-        out.commit()
+    from gleak.runs.inputs import ModelSpec
+    from gleak.runs.simulate import SimulateRequest, run_simulate
+
+    run = run_simulate(SimulateRequest(ModelSpec(model, arch, arch_kwargs, trust_pickle), data, config, output,
+                                       no_truth, device, force))
+    capture, truth, truth_path = run.capture, run.truth, truth_path_for(output)
     if not quiet:
         counts = truth_counts(truth.labels, capture.num_classes or 0)
         shown = ", ".join(f"{c}×{int(n)}" for c, n in enumerate(counts.tolist()) if n)

@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.panel import Panel
 from rich.table import Table
 
 from gleak.report.formats.text import fmt_number
@@ -283,3 +284,121 @@ def print_audit(console: Console, report: Report) -> None:
         console.print(f"[bold red]FAIL[/]: a finding at or above --fail-on {report.fail_on} (exit 1)")
     else:
         console.print(f"[bold green]PASS[/]: no finding at or above --fail-on {report.fail_on}")
+
+
+def print_inspect(console: Console, info: Mapping[str, Any], verbose: bool,
+                  meanings: Mapping[str, str] | None = None) -> None:
+    """`gleak inspect`: the capture, the model check, the last layer, the metadata (with -v what each key
+    means), the attacks that apply and (with -v) every tensor."""
+
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("kind", info["kind"])
+    summary.add_row("tensors", f"{info['num_tensors']} ({info['num_parameters']:,} parameter values)")
+    summary.add_row("batch size", str(info["batch_size"] if info["batch_size"] is not None else "unknown"))
+    summary.add_row("local steps", str(info["local_steps"]))
+    summary.add_row("ground truth", info["truth_file"] or "none found")
+    model = info["model"]
+    if model:
+        match = {None: "[yellow]the capture records no model hash[/]",
+                 True: "[green]weights match the capture's model[/]",
+                 False: "[red]weights differ from the model the capture was made with "
+                        "(--allow-model-mismatch)[/]"}[model["matches_capture"]]
+        summary.add_row("model", f"{model['file']} ({model['source']})")
+        summary.add_row("", match)
+        if model.get("mode"):
+            summary.add_row("", escape(model["mode"]["note"]))
+    console.print(Panel(summary, title=f"gleak inspect — {info['file']}", expand=False))
+
+    layer = info["last_layer"]
+    table = Table(title="Last fully-connected layer", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("layer", layer["name"])
+    table.add_row("weight", f"{layer['weight_key']}  {layer['weight_shape']}  (C = {layer['num_classes']}, "
+                  f"d = {layer['feature_dim']})")
+    table.add_row("bias", layer["bias_key"] or "none")
+    table.add_row("why", layer["reason"])
+    console.print(table)
+
+    meta = Table(title="Metadata", title_justify="left")
+    meta.add_column("key", style="cyan")
+    meta.add_column("value")
+    if verbose:
+        meta.add_column("meaning", style="dim")
+    for key, value in info["metadata"].items():
+        meta.add_row(key, _short(value), *([(meanings or {}).get(key, "")] if verbose else []))
+    for key, value in info["unknown_metadata"].items():
+        meta.add_row(key, _short(value), *(["[yellow]unknown key, kept as is[/]"] if verbose else []))
+    if info["unknown_metadata"] and not verbose:
+        meta.caption = f"{len(info['unknown_metadata'])} unknown key(s) kept as is (last rows); -v explains each key"
+    console.print(meta)
+
+    if info.get("attacks"):
+        attacks = Table(title="Attacks (with --aux where needed)", title_justify="left", show_header=False)
+        attacks.add_column(style="bold")
+        attacks.add_column()
+        for name, reason in info["attacks"].items():
+            attacks.add_row(name, "[green]applies[/]" if reason is None else f"[dim]not applicable: {reason}[/]")
+        console.print(attacks)
+
+    if verbose:
+        tensors = Table(title="Tensors", title_justify="left")
+        tensors.add_column("name")
+        tensors.add_column("shape")
+        tensors.add_column("dtype")
+        for t in info["tensors"]:
+            tensors.add_row(t["name"], str(t["shape"]), t["dtype"])
+        console.print(tensors)
+
+
+def _short(value: Any, limit: int = 70) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def print_train_generator(console: Console, r: Mapping[str, Any]) -> None:
+    """`gleak train-generator`: the file written, the model and layer, the data, the training and its scores."""
+    s = r["settings"]
+    ex = r["examples"]
+    train = f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} on pixel MSE"
+    if s["loss"] == "rgla":
+        train += f" + {s['finetune_epochs']} rgla fine-tune"
+    train += f" (batch {s['batch_size']}, lr {s['lr']:g}, seed {s['seed']}): final train loss {r['train_loss']:.4e}"
+    if r["heldout_psnr"] is not None:
+        held = f"MSE {r['heldout_mse']:.4e}, PSNR {r['heldout_psnr']:.2f} dB"
+        if r["baseline_psnr"] is not None:
+            held += f" (mean-image baseline {r['baseline_psnr']:.2f} dB)"
+    else:
+        held = "—"
+    threads = f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}"
+    rows = [
+        ("wrote", r["file"]),
+        ("model", f"{r['model']} (weights sha256 {r['model_sha256'][:12]}…)"),
+        ("layer", f"{r['layer']}: {r['feature_dim']} features → {r['num_classes']} classes"),
+        ("images", f"{r['image_shape']} from {r['aux']}: {ex['train']} train, {ex['heldout']} held out"),
+        ("training", train),
+        ("held-out", held),
+        ("time", f"{r['seconds']:.1f} s training ({r['total_seconds']:.1f} s in all) on {r['device']}, {threads}"),
+    ]
+    for key, value in rows:
+        console.print(f"[bold]{key:<9}[/] {escape(value)}", soft_wrap=True)
+    for note in r["notes"]:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+
+
+def print_attacks(console: Console, rows: Sequence[Mapping[str, Any]]) -> None:
+    """`gleak attacks`: one row per attack with its task, needs, summary, paper and options (with defaults)."""
+    from gleak.registry import format_default
+
+    table = Table(title="gleak attacks", title_justify="left")
+    for col in ("attack", "task", "needs", "what it does / paper"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        options = "".join(f"\n[cyan]{escape(o['name'])}={escape(format_default(o['default']))}[/]  "
+                          f"{escape(o['help'])}" for o in r["options"])
+        table.add_row(f"[bold]{r['name']}[/]", r["task"], ", ".join(r["requires"]),
+                      f"{escape(r['summary'])}\n[dim]{escape(r['paper'])}[/]{options}")
+    console.print(table)
+    console.print("[dim]set an option with -O ATTACK.KEY=VALUE (gleak labels, gleak reconstruct)[/]")
