@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T", bound=str)
 
 
 class GleakError(Exception):
@@ -43,3 +46,13 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     by_norm = {norm(c): c for c in options}
     close = difflib.get_close_matches(norm(name), list(by_norm), n=1, cutoff=0.6)
     return f"; did you mean '{by_norm[close[0]]}'?" if close else ""
+
+
+def choose(text: str, choices: Sequence[T], flag: str) -> T:
+    """The choice equal to ``text`` (typed as the choices are, e.g. a Literal), or a one-line GleakError naming
+    ``flag``, the choices and the closest one."""
+    for choice in choices:
+        if choice == text:
+            return choice
+    raise GleakError(f"{flag} must be one of {', '.join(choices)}, got {shorten(repr(text), 40)}"
+                     f"{did_you_mean(text, choices)}")

@@ -158,7 +158,7 @@ REFUSALS = {
     "holdout-1": (lambda t: ["--aux", MNIST_AUX, "--holdout", 1], "'--holdout'"),
     "epochs-0": (lambda t: ["--aux", MNIST_AUX, "--epochs", 0], "'--epochs'"),
     "lr-nan": (lambda t: ["--aux", MNIST_AUX, "--lr", "nan"], "'--lr'"),
-    "loss-unknown": (lambda t: ["--aux", MNIST_AUX, "--loss", "l1"], "--loss must be mse or rgla"),
+    "loss-unknown": (lambda t: ["--aux", MNIST_AUX, "--loss", "l1"], "--loss must be one of mse, rgla"),
     "finetune-without-rgla": (lambda t: ["--aux", MNIST_AUX, "--finetune-epochs", 2], "applies to --loss rgla"),
     "missing-aux": (lambda t: ["--aux", t / "nowhere.safetensors"], "no such file"),
     "output-is-aux": (lambda t: ["--aux", aux_subset(t, range(20), "out.safetensors"), "--force"],

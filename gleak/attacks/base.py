@@ -16,6 +16,7 @@ from gleak.attacks.options import AttackOptions
 from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError, shorten
 from gleak.registry import Configurable, resolve_options
+from gleak.report.model import Status
 
 if TYPE_CHECKING:
     from gleak.attacks.context import Context
@@ -70,7 +71,7 @@ class AttackResult:
     options it ran with (JSON values; see :meth:`Attack.used_options`)."""
 
     attack: str
-    status: str
+    status: Status
     seconds: float = 0.0
     reason: str | None = None
     output: LabelOutput | ImageOutput | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -33,7 +33,7 @@ from gleak.cli.common import (
 from gleak.errors import GleakError, shorten
 
 if TYPE_CHECKING:
-    from gleak.report.model import Report, Severity
+    from gleak.report.model import ExecutorName, Report
 
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
 MAX_JOBS = 256
@@ -128,10 +128,10 @@ def audit(
     model, aux, threshold = effective["model"], effective["aux"], effective["threshold"]
     executor, address = effective["executor"], effective["address"]
     arch, arch_kwargs = effective["arch"], effective["arch_kwargs"]
-    from gleak.runs.audit.executors import EXECUTORS
+    from gleak.errors import choose
+    from gleak.runs.audit.setup import BUDGETS, EXECUTORS, FAIL_ON
 
-    if executor not in EXECUTORS:
-        raise GleakError(f"--executor must be one of {', '.join(EXECUTORS)}, got {shorten(repr(executor), 40)}")
+    runner = choose(executor, EXECUTORS, "--executor")
     if address is not None and executor != "ray":
         raise GleakError("--address is the Ray cluster's address: use it with --executor ray")
     from gleak.attacks.registry import parse_option_assignments, resolve_assignments
@@ -146,15 +146,13 @@ def audit(
         apply_threads(loaded.settings.threads)
 
     formats = parse_formats(format)
-    if fail_on not in SEVERITY_NAMES:
-        raise GleakError(f"--fail-on must be one of {', '.join(SEVERITY_NAMES)}, got {shorten(repr(fail_on), 40)}")
+    gate = choose(fail_on, FAIL_ON, "--fail-on")
     files = [f for f in formats if f != "table"]
     if output is None and any(f != "json" for f in files):
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
     if output is not None:
         check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]])
-    gate = cast("Severity | Literal['none']", fail_on)  # one of SEVERITY_NAMES, checked above
-    config = AuditConfig(budget=budget, fail_on=gate,
+    config = AuditConfig(budget=choose(budget, BUDGETS, "--budget"), fail_on=gate,
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
                          confidence=confidence,
@@ -162,7 +160,7 @@ def audit(
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])
     report = _run(list(paths), list(model), list(aux or []), config, output, jobs,
-                  show=not quiet and "table" in formats, executor=executor, address=address)
+                  show=not quiet and "table" in formats, executor=runner, address=address)
     if output is not None:
         from gleak.io import OutputSet
 
@@ -228,7 +226,7 @@ def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tupl
 
 
 def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, output: Path | None, jobs: int,
-         show: bool, executor: str = "local", address: str | None = None) -> Report:
+         show: bool, executor: ExecutorName = "local", address: str | None = None) -> Report:
     """run_audit under a Rich progress bar on a terminal, or one plain line per capture (CI logs)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -38,7 +38,6 @@ else:  # imported on first use: the CLI starts without torch
 
 MAX_EPOCHS = 100_000
 MAX_FINETUNE_EPOCHS = 10_000
-LOSSES = ("mse", "rgla")
 # what other gleak files are, by their gleak.kind, when one is passed as --aux
 
 @handle_errors
@@ -87,13 +86,15 @@ def train_generator(
 
     if format not in ("table", "json"):
         raise GleakError(f"--format must be table or json, got {shorten(format, 40)!r}")
-    if loss not in LOSSES:
-        raise GleakError(f"--loss must be mse or rgla, got {shorten(loss, 40)!r}")
+    from gleak.errors import choose
+    from gleak.generator.train import LOSSES
+
+    decoder_loss = choose(loss, LOSSES, "--loss")
     if finetune_epochs is not None and loss != "rgla":
         raise GleakError("--finetune-epochs applies to --loss rgla")
     try:
         settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, holdout=holdout, width=width,
-                                 res_blocks=res_blocks, loss=loss, seed=seed,
+                                 res_blocks=res_blocks, loss=decoder_loss, seed=seed,
                                  **({} if finetune_epochs is None else {"finetune_epochs": finetune_epochs}))
     except ValidationError as e:  # the option callbacks check the same bounds; this is a second line of defence
         raise GleakError(f"invalid training settings: {shorten(str(e).splitlines()[-1].strip(), 200)}") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -31,6 +32,9 @@ from gleak.models import LastLayer, forward
 EpochCallback = Callable[[str, int, int, float, float | None], None]
 
 
+DecoderLoss = Literal["mse", "rgla"]  # pixel MSE (FGLA), or MSE then fine-tuning on −PSNR + SSIM (RGLA)
+LOSSES: tuple[DecoderLoss, ...] = typing.get_args(DecoderLoss)
+
 class TrainSettings(BaseModel):
     """How the decoder is trained (``gleak train-generator`` flags)."""
 
@@ -42,7 +46,7 @@ class TrainSettings(BaseModel):
     holdout: float = Field(0.1, ge=0, lt=1)
     width: int = Field(32, ge=4, le=1024)
     res_blocks: int = Field(1, ge=0, le=8)
-    loss: Literal["mse", "rgla"] = "mse"
+    loss: DecoderLoss = "mse"
     finetune_epochs: int = Field(3, ge=0, le=10_000)
     finetune_lr: float = Field(1e-4, gt=0, le=10)
     seed: int = Field(0, ge=0, le=2**63 - 1)
@@ -102,7 +106,10 @@ def train_decoder(features: torch.Tensor, images: torch.Tensor, settings: TrainS
         raise GleakError(f"{len(features)} features for {len(images)} images")
     gen = torch.Generator().manual_seed(settings.seed)
     train_idx, held_idx = split(len(features), settings.holdout, gen)
-    spec = DecoderSpec(feature_dim=features.shape[1], image_shape=tuple(images.shape[1:]),
+    if images.dim() != 4:
+        raise GleakError(f"images must be [N, C, H, W], got {list(images.shape)}")
+    channels, height, width = (int(n) for n in images.shape[1:])
+    spec = DecoderSpec(feature_dim=features.shape[1], image_shape=(channels, height, width),
                        width=settings.width, res_blocks=settings.res_blocks)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings.seed)

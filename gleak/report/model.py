@@ -25,6 +25,9 @@ SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 Severity = Literal["info", "low", "medium", "high", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "low", "medium", "high", "critical")
+FailOn = Severity | Literal["none"]  # the gate: the lowest severity that fails, or none
+Budget = Literal["quick", "standard", "full"]
+ExecutorName = Literal["local", "ray"]
 Status = Literal["ok", "not_applicable", "failed", "error"]
 
 
@@ -139,13 +142,13 @@ class Report(_Model):
     gleak_version: str
     report: Literal["audit"] = "audit"
     command: list[str] = Field(default_factory=list, description="how to reproduce the run")
-    budget: Literal["quick", "standard", "full"] = "quick"
-    fail_on: Severity | Literal["none"] = "high"
+    budget: Budget = "quick"
+    fail_on: FailOn = "high"
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
     jobs: int = 1
-    executor: Literal["local", "ray"] = "local"
+    executor: ExecutorName = "local"
     thresholds: Thresholds = Field(default_factory=Thresholds)
     captures: list[CaptureReport] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list)
@@ -225,6 +228,9 @@ class LabelResult(_Model):
                                               "informative, simulations), or why not")
 
 
+HEADER_KEYS = ("schema_version", "tool", "gleak_version", "report")
+
+
 class CommandReport(_Model):
     """The header every command's JSON report starts with."""
 
@@ -241,6 +247,10 @@ class CommandReport(_Model):
         header = {"schema_version": SCHEMA_VERSION, "tool": "gleak", "gleak_version": __version__,
                   "report": cls.model_fields["report"].default}
         return cls.model_validate({**header, **data})
+
+    def model_post_init(self, context: Any, /) -> None:
+        """The header is part of every report, however it was built (keyword arguments leave defaults unset)."""
+        self.__pydantic_fields_set__.update(HEADER_KEYS)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data: every key given when built (optional keys not given stay out)."""

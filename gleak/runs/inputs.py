@@ -17,6 +17,7 @@ from gleak.data import load_dataset
 from gleak.errors import GleakError
 from gleak.losses import LossSpec
 from gleak.models import load_model
+from gleak.report.model import ModelCheck, ModelMode
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -114,3 +115,14 @@ def soft_truth(ctx: Context, truth: Truth | None) -> torch.Tensor | None:
         return None
     lab = truth.labels
     return lab[0].double() if lab.dim() == 2 else torch.nn.functional.one_hot(lab[0], ctx.num_classes).double()
+
+
+def model_check_of(ctx: Context) -> ModelCheck | None:
+    """The model-hash check as reports record it (None without a model)."""
+    return ModelCheck.model_validate(ctx.model_check.to_json()) if ctx.model_check is not None else None
+
+
+def model_mode_of(ctx: Context) -> ModelMode | None:
+    """The mode the attacks run the model in, as reports record it (None without a model)."""
+    mode = ctx.model_mode()
+    return ModelMode.model_validate(mode) if mode is not None else None

@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
+from gleak import __version__
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.attacks.registry import attack_class, resolve_assignments
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.registry import check_flag_conflicts, resolve_options
-from gleak.report.model import LabelsReport
-from gleak.runs.inputs import InputSpec, open_inputs, soft_truth
+from gleak.report.model import ChanceScores, LabelResult, LabelsReport, LossInfo
+from gleak.runs.inputs import InputSpec, model_check_of, model_mode_of, open_inputs, soft_truth
 
 # dedicated flags of `gleak labels` -> the attack whose option they set
 FLAG_OWNERS = {"augmentation": "softlabel"}
@@ -67,24 +68,21 @@ def run_labels(request: LabelsRequest, progress: Callable[[str], None] | None = 
     ignored += [f"-O {name}.{key}: {name} did not run" for name, values in request.options.items()
                 if name not in ran for key in values]
     loss = ctx.loss
-    data: dict[str, Any] = {
-        "capture": str(ctx.capture.path), "kind": ctx.kind, "batch_size": ctx.batch_size,
-        "local_steps": ctx.local_steps, "num_classes": ctx.num_classes,
-        "last_layer": ctx.layer.name, "gradient_note": ctx.gradient_note,
-        "loss": {"name": loss.name, "reduction": loss.reduction, "temperature": loss.temperature,
-                 "label_smoothing": loss.label_smoothing, "focal_gamma": loss.focal_gamma,
-                 "focal_alpha": loss.focal_alpha},
-        "truth_file": str(inputs.truth_path) if inputs.truth_path else None,
-        "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
-        "model_mode": ctx.model_mode(),
-        "truth_counts": counts.tolist() if counts is not None else None,
-        "chance": chance_scores(counts) if counts is not None else None,
-        "results": [r.to_json() for r in results],
-        "threads": torch.get_num_threads(),
-        "truth_soft_label": truth_soft.tolist() if truth_soft is not None else None,
-        "ignored_options": ignored,
-    }
-    return LabelsReport.build(data)  # typed: a missing or mistyped key fails here
+    return LabelsReport(
+        gleak_version=__version__, capture=str(ctx.capture.path), kind=ctx.kind, batch_size=ctx.batch_size,
+        local_steps=ctx.local_steps, num_classes=ctx.num_classes, last_layer=ctx.layer.name,
+        gradient_note=ctx.gradient_note,
+        loss=LossInfo(name=loss.name, reduction=loss.reduction, temperature=loss.temperature,
+                      label_smoothing=loss.label_smoothing, focal_gamma=loss.focal_gamma,
+                      focal_alpha=loss.focal_alpha),
+        truth_file=str(inputs.truth_path) if inputs.truth_path else None,
+        model_check=model_check_of(ctx), model_mode=model_mode_of(ctx),
+        truth_counts=counts.tolist() if counts is not None else None,
+        chance=ChanceScores.model_validate(chance_scores(counts)) if counts is not None else None,
+        results=[LabelResult.model_validate(r.to_json()) for r in results],
+        threads=torch.get_num_threads(),
+        truth_soft_label=truth_soft.tolist() if truth_soft is not None else None,
+        ignored_options=ignored)
 
 
 def no_counts_reason(report: LabelsReport) -> str | None:

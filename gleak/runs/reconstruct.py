@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gleak import __version__
 from gleak.attacks import Context, run_attack
 from gleak.attacks.base import AttackResult, ImageOutput, RunInputs, jsonable
 from gleak.attacks.reconstruct.base import ReconstructionAttack
@@ -25,8 +26,8 @@ from gleak.capture import Truth
 from gleak.errors import GleakError, shorten
 from gleak.io import OutputSet, safetensors_bytes
 from gleak.registry import check_flag_conflicts
-from gleak.report.model import ReconstructReport
-from gleak.runs.inputs import InputSpec, open_inputs
+from gleak.report.model import Baseline, ImageMetrics, ReconstructLabels, ReconstructReport
+from gleak.runs.inputs import InputSpec, model_check_of, model_mode_of, open_inputs
 from gleak.runs.scoring import ScoredImages, score_outputs, score_reconstruction
 
 if TYPE_CHECKING:
@@ -195,38 +196,37 @@ def run_reconstruct(request: ReconstructRequest,
     if done.scoring_error:
         raise GleakError(done.scoring_error)
     prepared = done.prepared
-    data: dict[str, Any] = {
-        "capture": str(request.inputs.capture), "model": str(request.inputs.model.path), "attack": chosen.name,
-        "paper": chosen.paper, "options": result.options, "batch_size": ctx.batch_size,
-        "labels": {"source": prepared.source, "targets": describe_targets(prepared.targets),
-                   "classes": prepared.targets.argmax(1).tolist()},  # top class per reconstruction, in order
-        "feature_source": prepared.feature_source, "seed": request.inputs.seed, "device": str(ctx.device),
-        "seconds": round(result.seconds, 3), "total_seconds": None,
-        "diagnostics": jsonable(result.output.diagnostics), "warnings": result.warnings, "metrics": None,
-        "model_check": ctx.model_check.to_json() if ctx.model_check is not None else None,
-        "model_mode": ctx.model_mode(), "ignored_options": ignored, "threads": torch.get_num_threads(),
-        "baseline": None, "generator": gen_file.describe() if gen_file is not None else None,
-        "output_scores": done.output_scores, "images_written": done.images is not None,
-    }
+    labels = ReconstructLabels(source=prepared.source, targets=describe_targets(prepared.targets),
+                               classes=prepared.targets.argmax(1).tolist())  # top class per image, in order
     if prepared.label_result is not None:
-        data["labels"]["attack_seconds"] = round(prepared.label_result.seconds, 3)
-    # iterations are Adam steps or L-BFGS outer steps; an L-BFGS step runs many objective evaluations
-    for work, key in (("iterations_run", "iterations_per_second"), ("evaluations_run", "evaluations_per_second")):
-        count = result.output.diagnostics.get(work)
-        if count and result.seconds > 0:
-            data[key] = round(count / result.seconds, 2)
+        labels.attack_seconds = round(prepared.label_result.seconds, 3)
+    metrics = baseline = None
     if done.scored is not None:
         from gleak.report.images import BASELINE_MARGIN
 
         scored = done.scored
-        data["metrics"] = jsonable(scored.metrics)
+        metrics = ImageMetrics.model_validate(jsonable(scored.metrics))
         floor, kind, beats = scored.baseline_psnr, scored.baseline_kind, scored.baseline_beaten
-        data["baseline"] = {"psnr": round(floor, 2), "kind": kind, "margin_db": BASELINE_MARGIN, "beaten": beats,
-                            "statement": None if beats else
+        baseline = Baseline(psnr=round(floor, 2), kind=kind, margin_db=BASELINE_MARGIN, beaten=beats,
+                            statement=None if beats else
                             f"no better than a blank/mean-image baseline ({floor:.2f} dB, {kind}): mean PSNR "
-                            f"{scored.metrics['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it"}
-    data["total_seconds"] = round(time.perf_counter() - started, 3)
-    report = ReconstructReport.build(data)  # typed: a missing or mistyped key fails here
+                            f"{scored.metrics['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it")
+    report = ReconstructReport(
+        gleak_version=__version__, capture=str(request.inputs.capture), model=str(request.inputs.model.path),
+        attack=chosen.name, paper=chosen.paper, options=result.options or {}, batch_size=ctx.batch_size,
+        labels=labels, feature_source=prepared.feature_source, seed=request.inputs.seed, device=str(ctx.device),
+        seconds=round(result.seconds, 3), total_seconds=0.0, diagnostics=jsonable(result.output.diagnostics),
+        warnings=result.warnings, metrics=metrics, model_check=model_check_of(ctx), model_mode=model_mode_of(ctx),
+        ignored_options=ignored, threads=torch.get_num_threads(), baseline=baseline,
+        generator=gen_file.describe() if gen_file is not None else None, output_scores=done.output_scores,
+        images_written=done.images is not None)
+    # iterations are Adam steps or L-BFGS outer steps; an L-BFGS step runs many objective evaluations
+    iterations, evaluations = (result.output.diagnostics.get(k) for k in ("iterations_run", "evaluations_run"))
+    if iterations and result.seconds > 0:
+        report.iterations_per_second = round(iterations / result.seconds, 2)
+    if evaluations and result.seconds > 0:
+        report.evaluations_per_second = round(evaluations / result.seconds, 2)
+    report.total_seconds = round(time.perf_counter() - started, 3)
     return ReconstructRun(report, done.images, done.truth_pixels, dict(result.output.recovered))
 
 

@@ -10,7 +10,7 @@ import hashlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gleak.attacks import Context, build_context, get_attack
 from gleak.attacks.base import AttackResult
@@ -197,7 +197,7 @@ def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir
     return entry, baseline, None
 
 
-def _entry(result: AttackResult, task: str, scores: dict[str, float | None] | None = None,
+def _entry(result: AttackResult, task: Literal["labels", "reconstruct"], scores: dict[str, float | None] | None = None,
            options: dict[str, Any] | None = None) -> AttackEntry:
     counts = soft = None
     if result.status == "ok" and task == "labels":

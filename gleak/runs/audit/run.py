@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from gleak import __version__
-from gleak.report.model import Report
+from gleak.report.model import ExecutorName, Report
 from gleak.runs.audit.capture import CaptureResult
 from gleak.runs.audit.executors import WorkerSetup, run_captures
 from gleak.runs.audit.setup import AuditConfig, find_captures, find_models
@@ -21,12 +21,12 @@ from gleak.runs.inputs import resolve_device
 def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: Sequence[Path],
               config: AuditConfig, out_dir: Path | None = None,
               progress: Callable[[int, int, Path], None] | None = None, jobs: int = 1,
-              executor: str = "local", address: str | None = None) -> Report:
+              executor: ExecutorName = "local", address: str | None = None) -> Report:
     """Audit every capture under ``captures`` against the models and aux data given; the whole report.
 
     ``executor`` ``local`` audits in this process, or with ``jobs`` > 1 in that many worker processes (spawned,
     the same torch thread count, each loading the models and aux data once); ``ray`` audits on a Ray cluster
-    (:mod:`gleak.executors.ray`). The report keeps the captures' order either way; captures are read one at a
+    (:mod:`gleak.runs.audit.executors.ray`). The report keeps the captures' order either way; captures are read one at a
     time, so memory does not grow with their number."""
     started = time.perf_counter()
     files = find_captures(captures)

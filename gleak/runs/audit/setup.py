@@ -4,19 +4,22 @@ weights' hash and picks the auxiliary data that fits it."""
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from gleak.capture import Capture
 from gleak.data import Dataset
-from gleak.errors import GleakError, shorten
+from gleak.errors import GleakError, choose
 from gleak.io import safetensors_kind
 from gleak.models import LoadedModel, load_model
-from gleak.report.model import Severity, Thresholds
+from gleak.report.model import SEVERITIES, Budget, ExecutorName, FailOn, Thresholds
 
-BUDGETS = ("quick", "standard", "full")
+BUDGETS: tuple[Budget, ...] = typing.get_args(Budget)
+FAIL_ON: tuple[FailOn, ...] = (*SEVERITIES, "none")
+EXECUTORS: tuple[ExecutorName, ...] = typing.get_args(ExecutorName)
 # budget -> iterations of the bounded gradient-matching run (None: the attack's default); quick runs none
 STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
@@ -28,8 +31,8 @@ FORWARD_CACHE_ENTRIES = 8  # (model, aux, mode) combinations whose aux forwards 
 class AuditConfig:
     """What to run and how to judge it."""
 
-    budget: str = "quick"
-    fail_on: Severity | Literal["none"] = "high"
+    budget: Budget = "quick"
+    fail_on: FailOn = "high"
     thresholds: Thresholds = field(default_factory=Thresholds)
     seed: int = 0
     device: str = "auto"
@@ -43,8 +46,8 @@ class AuditConfig:
     confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
 
     def __post_init__(self) -> None:
-        if self.budget not in BUDGETS:
-            raise GleakError(f"--budget must be one of {', '.join(BUDGETS)}, got {shorten(repr(self.budget), 40)}")
+        choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
+        choose(self.fail_on, FAIL_ON, "--fail-on")
 
 
     def attack_options(self, name: str, budget: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gleak.errors import GleakError
+from gleak.report.model import ExecutorName
+from gleak.runs.audit.setup import EXECUTORS
 
 if TYPE_CHECKING:
     from gleak.data import Dataset
     from gleak.runs.audit.capture import CaptureResult
     from gleak.runs.audit.setup import AuditConfig, ModelSet
 
-EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class WorkerSetup:
         return ModelSet.load(self.model_files, self.config), [(p, load_dataset(p)) for p in self.aux_paths]
 
 
-def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, executor: str = "local",
+def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, executor: ExecutorName = "local",
                  jobs: int = 1, address: str | None = None) -> Iterator[tuple[int, CaptureResult]]:
     """Audit ``files`` on ``executor``; yields ``(index into files, result)`` in completion order."""
     if executor == "local":
