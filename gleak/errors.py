@@ -28,8 +28,9 @@ def shorten(text: str, limit: int = 120) -> str:
     return f"{text[: max(limit - 30, 10)]}… ({len(text):,} characters)"
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """``"; did you mean 'fail-on'?"`` for the choice closest to ``name``, or "" when none is close.
+def did_you_mean(name: str, choices: Iterable[str], most: int = 1) -> str:
+    """``"; did you mean 'fail-on'?"`` for the choices closest to ``name`` (up to ``most``, joined by "or"), or
+    "" when none is close.
 
     Underscores and dashes count as the same character (``fail_on`` finds ``fail-on``), and so do upper and
     lower case; otherwise :func:`difflib.get_close_matches` decides."""
@@ -41,11 +42,9 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
         return text.lower().replace("_", "-")
 
     exact = [c for c in options if norm(c) == norm(name) and c != name]
-    if exact:
-        return f"; did you mean '{exact[0]}'?"
     by_norm = {norm(c): c for c in options}
-    close = difflib.get_close_matches(norm(name), list(by_norm), n=1, cutoff=0.6)
-    return f"; did you mean '{by_norm[close[0]]}'?" if close else ""
+    close = exact or [by_norm[c] for c in difflib.get_close_matches(norm(name), list(by_norm), n=most, cutoff=0.6)]
+    return f"; did you mean {' or '.join(repr(c) for c in close[:most])}?" if close else ""
 
 
 def choose(text: str, choices: Sequence[T], flag: str) -> T:

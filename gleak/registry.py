@@ -10,14 +10,13 @@ that ``gleak --help`` and usage errors stay fast."""
 
 from __future__ import annotations
 
-import difflib
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gleak.errors import GleakError, shorten
+from gleak.errors import GleakError, did_you_mean, shorten
 
 
 class TypedOptions(BaseModel):
@@ -78,9 +77,7 @@ class Registry(Generic[P]):
             what = (f"'{name}' is a {self._group_noun(self.group_of(other))} {self.noun}, not a "
                     f"{self._group_noun(group)} {self.noun}.")
         else:
-            close = difflib.get_close_matches(name.lower(), candidates, n=3, cutoff=0.6)
-            what = f"unknown {self.noun} {shorten(repr(name), 60)}" + (
-                f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ".")
+            what = f"unknown {self.noun} {shorten(repr(name), 60)}" + (did_you_mean(name, candidates, most=3) or ".")
         raise GleakError(f"{where}{what} {listed}: {', '.join(candidates)}")
 
     def _group_noun(self, group: str) -> str:
@@ -144,8 +141,7 @@ def resolve_options(owner: type[Configurable], given: Mapping[str, Any],
 
     for key in given:
         if key not in model.model_fields:
-            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = did_you_mean(key, fields)
             valid = f"its options: {', '.join(fields)}" if fields else "it takes no options"
             raise GleakError(f"{where(key)}: {owner.name} has no option {shorten(repr(key), 40)}{hint} ({valid})")
     try:

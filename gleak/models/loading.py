@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.errors import GleakError, shorten
+from gleak.errors import GleakError, did_you_mean, shorten
 from gleak.io import (
     ARCH_HINT,
     check_input_file,
@@ -123,10 +123,7 @@ def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
         )
     available = set(torchvision.models.list_models())
     if name not in available:
-        import difflib
-
-        close = difflib.get_close_matches(name, sorted(available), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; see torchvision.models.list_models()"
+        hint = did_you_mean(name, sorted(available), most=3) or "; see torchvision.models.list_models()"
         raise GleakError(f"unknown torchvision model {name!r}{hint}")
     try:
         return torchvision.models.get_model(name, weights=None, **kwargs)

@@ -1,6 +1,6 @@
 """Opening what a run reads — capture, model, ground truth, auxiliary data — into a validated
 :class:`~gleak.attacks.Context`, and choosing the device. ``gleak labels`` and ``gleak reconstruct`` start here;
-the audit opens its files through :mod:`gleak.runs.audit.setup` with the same checks."""
+the audit opens its files in :mod:`gleak.runs.audit.capture` with the same checks."""
 
 from __future__ import annotations
 
