@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
 MAX_JOBS = 256
-SEVERITY_NAMES = ("info", "low", "medium", "high", "critical", "none")
 
 
 def parse_formats(text: str) -> list[str]:
