@@ -24,7 +24,7 @@ SMOOTHING = ROOT / "samples/captures/smoothing_1.safetensors"
 OLD_DEFAULTS = {
     "calibrated": {"simulations": 24, "stack": True},
     "rlu": {"mc_samples": 2000, "search_iterations": 5, "max_simulated_steps": 100, "gls_max_classes": 20,
-            "gls_ridge": 0.1},
+            "gls_ridge": 0.1, "candidates": None},
     "llg-star": {"repeats": 10},
     "llg-plus": {"repeats": 10},
     "zlg": {"dummy_samples": 256},

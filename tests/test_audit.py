@@ -99,7 +99,8 @@ def test_without_truth_the_audit_measures_leakage_on_simulated_batches(gleak, tm
     assert [n["code"] for n in report["notices"]] == ["NO_TRUTH", "RECONSTRUCTION_SKIPPED"]
     expected, agree = report["findings"]
     assert expected["rule"] == "GLEAK-LABELS-EXPECTED" and expected["severity"] == "high"
-    assert expected["measured"] >= 0.9 and expected["chance"] < 0.7 and "simulated" in expected["title"]
+    assert expected["measured"] >= 0.9 and "simulated" in expected["title"]
+    assert 0.68 < expected["chance"] < 0.73 and "uniform" in expected["title"]  # chance of uniform batches, B = 32
     assert agree["rule"] == "GLEAK-LABELS-AGREE" and agree["severity"] == "info" and agree["measured"] > 0.5
     entry = next(a for a in report["captures"][0]["attacks"] if a["attack"] == expected["attack"])
     assert entry["confidence"]["calibrated"] and len(entry["confidence"]["intervals"]) == 10

@@ -65,7 +65,8 @@ def test_stacked_counts_match_the_best_attack_on_real_batches_of_a_trained_model
         ctx = build_context(cap, model, aux)
         calibration, why = calibrate(ctx, attacks, simulations=16, cache=cache, stack=True)
         assert why is None and "stacked" in calibration
-        fitted, expected = calibration["stacked"].stack, calibration["stacked"].expected_iacc
+        stacked = calibration["stacked"]  # the client's batches are Dirichlet(0.5): the estimate for that composition
+        fitted, expected = stacked.stack, stacked.by_composition["dirichlet"].expected_iacc
         assert fitted is not None and fitted.names == ("zlg-plus", "posterior", "rlu")
         true = truth_counts(truth.labels, 10)
         found = {a.name: run_attack(a, ctx).labels.counts for a in attacks}

@@ -42,6 +42,16 @@ class RunInputs:
 NO_INPUTS = RunInputs()
 
 
+class Abstained(GleakError):
+    """Raised by an attack that ran and answers that it cannot tell (e.g. the calibrated selector when no candidate
+    beats chance): :func:`run_attack` records status ``abstained`` with this reason and ``confidence`` (the
+    calibration the answer rests on), and no output."""
+
+    def __init__(self, reason: str, confidence: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.confidence = confidence
+
+
 @dataclass
 class LabelOutput:
     """What a label attack returns: per-class counts (summing to B, or m·B for updates), plus extras."""
@@ -67,8 +77,8 @@ class ImageOutput:
 
 @dataclass
 class AttackResult:
-    """One attack on one capture: status ok / not_applicable / failed, output, time, reason, scores, and the
-    options it ran with (JSON values; see :meth:`Attack.used_options`)."""
+    """One attack on one capture: status ok / not_applicable / failed / error / abstained, output, time, reason,
+    scores, and the options it ran with (JSON values; see :meth:`Attack.used_options`)."""
 
     attack: str
     status: Status
@@ -144,6 +154,7 @@ class Attack(Configurable, ABC):
     requires: ClassVar[Requirements] = Requirements()
     Options: ClassVar[type[AttackOptions]] = AttackOptions
     default: ClassVar[bool] = True  # runs when no attack is named; False: only on request (-a NAME)
+    memory_hint: ClassVar[str] = ""  # the option that lowers the attack's memory, named when it is skipped
     options: AttackOptions
 
     def __init__(self) -> None:
@@ -171,6 +182,12 @@ class Attack(Configurable, ABC):
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput | ImageOutput:
         """Recover labels (or images). Raise GleakError for a problem with the input that stops the attack."""
 
+    def memory_bytes(self, ctx: Context) -> int:
+        """About how much memory a run adds, estimated from B, C, d and the options before anything is allocated
+        (checked against ``ctx.max_memory`` by :func:`run_attack`). The default: a few float64 copies of the last
+        layer's gradient. Attacks with larger working sets override it."""
+        return LAYER_COPIES * ctx.num_classes * ctx.layer.feature_dim * 8
+
     def rng(self, ctx: Context) -> torch.Generator:
         """A generator seeded from the run's seed and this attack's name: same seed, same report."""
         return torch.Generator().manual_seed((ctx.seed * 1_000_003 + zlib.crc32(self.name.encode())) % 2**63)
@@ -178,18 +195,22 @@ class Attack(Configurable, ABC):
 
 def run_attack(attack: Attack, ctx: Context, inputs: RunInputs = NO_INPUTS) -> AttackResult:
     """Check applicability (with ``inputs``), run with timing, attach soft-requirement warnings. Never raises:
-    bad input is status ``failed``, an unexpected exception status ``error``, each with a one-line reason."""
+    bad input is status ``failed``, an unexpected exception status ``error``, an :class:`Abstained` answer status
+    ``abstained``, each with a one-line reason."""
     try:
         options = attack.used_options().model_dump(mode="json")
     except GleakError as e:
         return AttackResult(attack.name, "failed", reason=str(e))
-    reason = attack.not_applicable(ctx, inputs)
+    reason = attack.not_applicable(ctx, inputs) or memory_refusal(attack, ctx)
     if reason:
         return AttackResult(attack.name, "not_applicable", reason=reason, options=options)
     warnings = list(ctx.soft_warnings(attack.requires))
     start = time.perf_counter()
     try:
         output = attack.run(ctx, inputs)
+    except Abstained as e:
+        return AttackResult(attack.name, "abstained", time.perf_counter() - start, reason=str(e), warnings=warnings,
+                            options=options, confidence=e.confidence)
     except GleakError as e:
         return AttackResult(attack.name, "failed", time.perf_counter() - start, reason=str(e), warnings=warnings,
                             options=options)
@@ -201,3 +222,27 @@ def run_attack(attack: Attack, ctx: Context, inputs: RunInputs = NO_INPUTS) -> A
     seconds = time.perf_counter() - start
     return AttackResult(attack.name, "ok", seconds, output=output, warnings=warnings + output.warnings,
                         options=options)
+
+
+LAYER_COPIES = 4  # the default working set: this many float64 copies of the [C, d] last-layer gradient
+
+
+def memory_refusal(attack: Attack, ctx: Context) -> str | None:
+    """Why ``attack`` would need more memory than ``ctx.max_memory`` allows (one line naming what to lower), or
+    None. Counts the auxiliary forward too when the attack needs it and it has not run yet."""
+    if ctx.max_memory is None:
+        return None
+    need = attack.memory_bytes(ctx) + (ctx.aux_forward_bytes() if attack.requires.needs_aux else 0)
+    if need <= ctx.max_memory:
+        return None
+    lower = f"lower {attack.memory_hint} or " if attack.memory_hint else ""
+    return (f"needs about {format_bytes(need)} of memory, more than --max-memory {format_bytes(ctx.max_memory)}: "
+            f"{lower}raise --max-memory")
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GB``, ``320 MB``: decimal units, as --max-memory takes them."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"

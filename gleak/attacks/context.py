@@ -8,6 +8,7 @@ gradients get wrong. Model forwards on auxiliary or dummy data are cached here a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +25,8 @@ from gleak.models import LastLayer, LoadedModel, find_last_layer, forward, guess
 from gleak.models.modes import batch_norm_layers, batch_statistics, fixed_mode_reason
 
 CHUNK = 1024
+DUMMY_CHUNK_BYTES = 128 * 2**20  # dummy images drawn and run at once (LLG*)
+INPUT_CHUNK_BYTES = 128 * 2**20  # inputs fetched and run at once (auxiliary data, any forward)
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Context:
     mode_note: str | None = None  # which mode the model runs in, and why (shown in every report)
     no_batch_forward_reason: str | None = None  # the model cannot run the client's whole batch in one forward
     model_check: ModelCheck | None = None
+    max_memory: int | None = None  # bytes an attack may add; one that needs more is skipped (--max-memory)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -164,33 +168,66 @@ class Context:
         When the client trained with BatchNorm in train mode (:attr:`batch_stats`), the inputs are run in shuffled
         batches of exactly the client's B (the last one filled up with examples from the start), so that every
         example is normalised by the statistics of a batch like the client's, not by running averages."""
+        return self._forward(lambda idx: inputs[idx], len(inputs), model)
+
+    def _forward(self, fetch: Callable[[torch.Tensor], torch.Tensor], n: int,
+                 model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`features_and_logits` of the ``n`` inputs ``fetch(indices)`` returns, fetched and run a chunk at a
+        time (about :data:`INPUT_CHUNK_BYTES` of inputs) and written into the outputs in place, so that neither all
+        the inputs nor a second copy of the outputs is ever held."""
         if self.model is None or self.no_forward_reason:
             raise GleakError(self.no_forward_reason or "needs the model (--model)")
         model = model if model is not None else self.model
-        if not self.batch_stats or not self.batch_size or len(inputs) == 0:
-            return forward.features_and_logits(model, self.layer, inputs, self.device, CHUNK)
-        n, b = len(inputs), self.batch_size
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
-        padded = torch.cat([order, order.repeat(-(-b // n))[: (-n) % b]]) if n % b else order
-        feats, logits = [], []
-        with batch_statistics(model):
-            for start in range(0, len(padded), b):
-                h, z = forward.features_and_logits(model, self.layer, inputs[padded[start:start + b]], self.device, b)
-                feats.append(h)
-                logits.append(z)
-        h, z = torch.cat(feats)[:n], torch.cat(logits)[:n]
-        back = torch.empty_like(order)
-        back[order] = torch.arange(n)
-        return h[back], z[back]
+        if n == 0:
+            return forward.features_and_logits(model, self.layer, fetch(torch.arange(0)), self.device, CHUNK)
+        per_input = 4 * int(torch.Size(self.input_shape).numel()) if self.input_shape else 4096
+        rows = max(1, INPUT_CHUNK_BYTES // per_input)
+        out_h: torch.Tensor | None = None
+        out_z: torch.Tensor | None = None
+
+        def store(where: torch.Tensor, h: torch.Tensor, z: torch.Tensor) -> None:
+            nonlocal out_h, out_z
+            if out_h is None or out_z is None:
+                out_h = torch.empty((n, *h.shape[1:]), dtype=h.dtype)
+                out_z = torch.empty((n, *z.shape[1:]), dtype=z.dtype)
+            out_h[where], out_z[where] = h, z
+
+        if not self.batch_stats or not self.batch_size:
+            step = max(CHUNK, rows // CHUNK * CHUNK) if rows >= CHUNK else rows
+            for first in range(0, n, step):
+                where = torch.arange(first, min(n, first + step))
+                h, z = forward.features_and_logits(model, self.layer, fetch(where), self.device, min(CHUNK, step))
+                store(where, h, z)
+        else:  # shuffled batches of exactly the client's B, the last one filled up from the start
+            b = self.batch_size
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+            padded = torch.cat([order, order.repeat(-(-b // n))[: (-n) % b]]) if n % b else order
+            with batch_statistics(model):
+                for first in range(0, len(padded), b):
+                    h, z = forward.features_and_logits(model, self.layer, fetch(padded[first:first + b]),
+                                                       self.device, b)
+                    keep = min(b, n - first)  # the rows past n repeat examples already stored
+                    if keep > 0:
+                        store(padded[first:first + keep], h[:keep], z[:keep])
+        assert out_h is not None and out_z is not None
+        return out_h, out_z
+
+    def aux_forward_bytes(self) -> int:
+        """Memory the auxiliary forward will take (features and logits of every aux example, float32); 0 when it
+        is already held."""
+        if self.aux is None or "aux" in self._cache:
+            return 0
+        inputs = 4 * len(self.aux) * int(torch.Size(self.input_shape or (1,)).numel())
+        return 4 * len(self.aux) * (self.layer.feature_dim + self.num_classes) + min(inputs, INPUT_CHUNK_BYTES)
 
     def aux_forward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(features, logits, labels) of the whole auxiliary set, computed once."""
         if "aux" not in self._cache:
             if self.aux is None:
                 raise GleakError("needs auxiliary labelled data (--aux)")
-            inputs, labels = self.aux.batch(range(len(self.aux)))
-            h, z = self.features_and_logits(inputs)
-            self._cache["aux"] = (h, z, labels)
+            aux = self.aux
+            h, z = self._forward(lambda idx: aux.batch(idx)[0], len(aux))
+            self._cache["aux"] = (h, z, aux.labels.clone())
         return self._cache["aux"]
 
     def predicted_class(self) -> int | None:
@@ -214,6 +251,25 @@ class Context:
                   "random": lambda: torch.rand(shape, generator=gen)}[kind]()
         rng = self.pixel_range()
         return (pixels - rng[0]) / rng[1] if rng is not None else pixels
+
+    def dummy_forward(self, n: int, kind: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Σ_k h_nk [n] (float64) and logits [n, C] of ``n`` dummy images (:meth:`dummy_inputs`), without ever
+        holding all the images or their features: drawn and run in chunks of about :data:`DUMMY_CHUNK_BYTES` when
+        they are larger than that (one draw otherwise, so that small runs keep their random stream)."""
+        shape = self.require_input_shape()
+        per_image = 4 * int(torch.Size(shape).numel())
+        if n * per_image <= DUMMY_CHUNK_BYTES:
+            h, z = self.features_and_logits(self.dummy_inputs(n, kind, gen))
+            return h.double().sum(1), z
+        step = max(1, DUMMY_CHUNK_BYTES // per_image)
+        if self.batch_stats and self.batch_size:  # BatchNorm on batch statistics: whole client batches per chunk
+            step = max(self.batch_size, step // self.batch_size * self.batch_size)
+        sums, logits = [], []
+        for first in range(0, n, step):
+            h, z = self.features_and_logits(self.dummy_inputs(min(step, n - first), kind, gen))
+            sums.append(h.double().sum(1))
+            logits.append(z)
+        return torch.cat(sums), torch.cat(logits)
 
     def parameter_gradients(self) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
         """The model's trainable parameters and, for each, the capture's tensor as one mean-reduced step's
@@ -359,7 +415,7 @@ def aux_problem(aux: Dataset, input_shape: tuple[int, ...] | None, num_classes: 
 def build_context(capture: Capture, model: LoadedModel | None = None, aux: Dataset | None = None,
                   device: torch.device | str = "cpu", seed: int = 0, fc_layer: str | None = None,
                   batch_size: int | None = None, loss: LossSpec | None = None,
-                  allow_model_mismatch: bool = False) -> Context:
+                  allow_model_mismatch: bool = False, max_memory: int | None = None) -> Context:
     """Validate model vs capture, find the last layer, form the gradient view; attacks then read only this.
 
     A model whose weights differ from the capture's ``gleak.model.sha256`` is refused unless
@@ -404,7 +460,7 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
                    input_shape=tuple(input_shape) if input_shape else None, grad_weight=gw, grad_bias=gb,
                    gradient_note=note, no_gradient_reason=reason, no_forward_reason=no_forward,
                    no_batch_forward_reason=no_batch, model_check=model_check, batch_stats=batch_stats,
-                   mode_note=mode_note)
+                   mode_note=mode_note, max_memory=max_memory)
 
 
 def _client_mode(capture: Capture, module: nn.Module | None) -> tuple[bool, str | None]:

@@ -28,7 +28,8 @@ def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: tor
                       confidence_cache: dict[Any, Any] | None = None) -> list[AttackResult]:
     """Run each attack; with true per-class counts (and, for one example, its true soft label) score every
     successful result. With ``confidence`` = K > 0, calibrate each successful attack on K simulated batches
-    (:mod:`gleak.attacks.labels.confidence`): 90 % count intervals, expected and chance iAcc, informative or not."""
+    (:mod:`gleak.attacks.labels.confidence`): 90 % count intervals, expected and chance iAcc per batch composition,
+    informative or not, and whether the recovered counts fit the simulated compositions."""
     if truth_counts is not None and len(truth_counts) != ctx.num_classes:
         raise GleakError(f"ground truth has {len(truth_counts)} classes, the model {ctx.num_classes}")
     if truth_counts is not None and ctx.total_examples and int(truth_counts.sum()) != ctx.total_examples:
@@ -65,6 +66,9 @@ def _attach_confidence(ctx: Context, attacks: Sequence[Attack], results: list[At
             continue
         result.confidence = {"calibrated": True, **conf.to_json(result.labels.counts, ctx.total_examples or 0)}
         if not conf.informative:
-            result.warnings.append(f"uninformative: on {conf.simulations} batches simulated like this one it scores "
-                                   f"iAcc {conf.expected_iacc:.3f}, no better than chance ({conf.chance_iacc:.3f}); "
-                                   "its counts are not evidence of a leak")
+            result.warnings.append(f"uninformative: on {conf.simulations} batches simulated like this one it does not "
+                                   f"beat chance on both compositions ({conf.describe()}); its counts are not "
+                                   "evidence of a leak")
+        unfit = conf.fit_warning(result.labels.counts)
+        if unfit:
+            result.warnings.append(unfit)

@@ -17,6 +17,7 @@ from gleak.cli.common import (
     DeviceOpt,
     ForceOpt,
     LpipsOpt,
+    MaxMemoryOpt,
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
@@ -25,6 +26,7 @@ from gleak.cli.common import (
     check_output_folder,
     console,
     err_console,
+    gigabytes,
     handle_errors,
     number,
     print_json,
@@ -71,6 +73,7 @@ def audit(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Folder for report.json, report.html, "
                                                 "report.sarif, report.md, junit.xml and image grids.")] = None,
     option: AttackOptionsOpt = None,
+    max_memory: MaxMemoryOpt = None,
     threshold: Annotated[list[str] | None, typer.Option("--threshold", help="Override a severity threshold, "
                                                         "NAME=VALUE (repeatable; names and defaults in "
                                                         "docs/audit.md).")] = None,
@@ -154,7 +157,7 @@ def audit(
     config = AuditConfig(budget=choose(budget, BUDGETS, "--budget"), fail_on=gate,
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
-                         confidence=confidence,
+                         confidence=confidence, max_memory=gigabytes(max_memory),
                          trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])

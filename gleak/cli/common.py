@@ -113,6 +113,17 @@ AttackOptionsOpt = Annotated[list[str] | None, typer.Option(
     help="Set an attack's option (repeatable), e.g. -O rlu.mc_samples=500; `gleak attacks` lists them. A key that a "
     "dedicated flag also sets (--iterations, --augmentation, …) may be given one way only: both is an error.")]
 
+MaxMemoryOpt = Annotated[float | None, typer.Option(
+    "--max-memory", metavar="GB", callback=number(0, low_open=True),
+    help="Memory in GB one attack may add; an attack that would need more is skipped with the option to lower "
+    "(default: half the memory available when the run starts).")]
+
+
+def gigabytes(value: float | None) -> int | None:
+    """``--max-memory`` GB as bytes (None stays None: the run's default)."""
+    return None if value is None else int(value * 1e9)
+
+
 BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.",
                                                   callback=number(1, MAX_BATCH))]
 

@@ -20,6 +20,7 @@ from gleak.cli.common import (
     DeviceOpt,
     FcLayerOpt,
     ForceOpt,
+    MaxMemoryOpt,
     ModelOpt,
     NoTruthOpt,
     QuietOpt,
@@ -29,6 +30,7 @@ from gleak.cli.common import (
     VerboseOpt,
     console,
     err_console,
+    gigabytes,
     handle_errors,
     number,
     print_json,
@@ -57,6 +59,7 @@ def labels(
     augmentation: Annotated[str | None, typer.Option(help="softlabel: auto (try both, the default), smoothing or "
                                                      "mixup (the option softlabel.augmentation).")] = None,
     option: AttackOptionsOpt = None,
+    max_memory: MaxMemoryOpt = None,
     confidence: Annotated[int, typer.Option("--confidence", callback=number(0, 1000), help="Calibrate each attack "
                                             "on this many batches simulated from --aux with the capture's settings: "
                                             "90 % count intervals, expected vs chance iAcc (0: off).")] = 0,
@@ -76,7 +79,8 @@ def labels(
     """Recover the labels behind a capture with every applicable attack; score them when truth is known.
 
     Tune an attack with -O ATTACK.KEY=VALUE (`gleak attacks` lists each attack's options); the report records
-    the options every attack ran with."""
+    the options every attack ran with. Exit 0 when an attack answered (counts, or the calibrated selector's
+    abstention where no attack beats chance); 2 when none could (bad input)."""
     if format not in ("table", "json"):
         raise GleakError(f"--format must be table or json, got '{format}'")
     from gleak.attacks.registry import parse_option_assignments
@@ -88,7 +92,8 @@ def labels(
         inputs=InputSpec(capture, ModelSpec(model, arch, arch_kwargs, trust_pickle), aux, truth, no_truth, fc_layer,
                          device, seed, batch_size,
                          {"name": loss, "focal_gamma": focal_gamma, "focal_alpha": focal_alpha,
-                          "temperature": temperature, "label_smoothing": label_smoothing}, allow_model_mismatch),
+                          "temperature": temperature, "label_smoothing": label_smoothing}, allow_model_mismatch,
+                         gigabytes(max_memory)),
         attacks=attack, flags={"augmentation": augmentation} if augmentation is not None else {},
         options=parse_option_assignments(option or []), confidence=confidence)
     request.check()  # every option and attack name, before any file is read or written

@@ -28,7 +28,10 @@ SEVERITIES: tuple[Severity, ...] = ("info", "low", "medium", "high", "critical")
 FailOn = Severity | Literal["none"]  # the gate: the lowest severity that fails, or none
 Budget = Literal["quick", "standard", "full"]
 ExecutorName = Literal["local", "ray"]
-Status = Literal["ok", "not_applicable", "failed", "error"]
+Status = Literal["ok", "not_applicable", "failed", "error", "abstained"]
+"""ok: counts or images; not_applicable: the attack cannot run on this input; failed: bad input stopped it; error: an
+unexpected exception; abstained: it ran and answered that it cannot tell (the calibrated selector when no candidate
+beats chance on batches simulated like this one): no counts, the reason and its calibration say why."""
 
 
 def severity_rank(severity: str) -> int:
@@ -56,7 +59,7 @@ class AttackEntry(_Model):
     task: Literal["labels", "reconstruct"]
     status: Status
     seconds: float = 0.0
-    reason: str | None = Field(None, description="why it did not apply, failed or raised (one line)")
+    reason: str | None = Field(None, description="why it did not apply, failed, raised or abstained (one line)")
     counts: list[int] | None = Field(None, description="recovered examples per class (label attacks)")
     soft_label: list[float] | None = None
     scores: dict[str, float | None] | None = Field(None, description="against the ground truth, when known")
@@ -64,8 +67,10 @@ class AttackEntry(_Model):
     warnings: list[str] = Field(default_factory=list)
     artifacts: list[str] = Field(default_factory=list, description="files written for this attack (relative)")
     confidence: dict[str, Any] | None = Field(None, description="label attacks without truth: calibrated on "
-                                              "simulated batches (level, half_width, intervals, expected_iacc, "
-                                              "chance_iacc, informative, simulations), or why not")
+                                              "simulated batches (level, half_width, intervals, composition, "
+                                              "expected_iacc, chance_iacc, informative, simulations, "
+                                              "by_composition, fit), or why not; an abstention: the calibration "
+                                              "it rests on")
 
 
 class Finding(_Model):
@@ -216,7 +221,7 @@ class LabelResult(_Model):
     attack: str
     status: Status
     seconds: float
-    reason: str | None = None
+    reason: str | None = Field(None, description="why it did not apply, failed, raised or abstained (one line)")
     options: dict[str, Any] | None = Field(None, description="the options the attack ran with")
     counts: list[int] | None = Field(None, description="recovered examples per class")
     soft_label: list[float] | None = None
@@ -224,8 +229,9 @@ class LabelResult(_Model):
     warnings: list[str]
     scores: dict[str, float] | None = Field(None, description="against the ground truth, when known")
     confidence: dict[str, Any] | None = Field(None, description="with --confidence: calibrated on simulated batches "
-                                              "(level, half_width, intervals, expected_iacc, chance_iacc, "
-                                              "informative, simulations), or why not")
+                                              "(level, half_width, intervals, composition, expected_iacc, "
+                                              "chance_iacc, informative, simulations, by_composition, fit), or why "
+                                              "not; an abstention (status abstained): the calibration it rests on")
 
 
 HEADER_KEYS = ("schema_version", "tool", "gleak_version", "report")

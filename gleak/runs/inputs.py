@@ -4,6 +4,7 @@ the audit opens its files in :mod:`gleak.runs.audit.capture` with the same check
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,30 @@ def resolve_device(device: str) -> torch.device:
     raise GleakError(f"--device must be auto, cpu or cuda, got '{device}'")
 
 
+MEMORY_FRACTION = 0.5  # of the memory available when a run starts, the default --max-memory
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still give this process (Linux MemAvailable; else free pages), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def default_max_memory() -> int | None:
+    """The default ``--max-memory``: :data:`MEMORY_FRACTION` of the memory available now (None: no limit known)."""
+    free = available_memory()
+    return int(free * MEMORY_FRACTION) if free else None
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """How to load the global model: the file and, for weight files, its architecture (see
@@ -64,6 +89,7 @@ class InputSpec:
     batch_size: int | None = None
     loss_overrides: Mapping[str, Any] = field(default_factory=dict)
     allow_model_mismatch: bool = False
+    max_memory: int | None = None  # bytes an attack may add (None: :func:`default_max_memory`)
 
     def truth_file(self) -> Path | None:
         """The ground-truth file this run reads, or None."""
@@ -100,7 +126,8 @@ def open_inputs(spec: InputSpec) -> Inputs:
     if overrides:
         loss = replace(loss, **overrides)  # validates through LossSpec.__post_init__
     ctx = build_context(cap, loaded, aux_data, resolve_device(spec.device), spec.seed, spec.fc_layer,
-                        spec.batch_size, loss, spec.allow_model_mismatch)
+                        spec.batch_size, loss, spec.allow_model_mismatch,
+                        spec.max_memory if spec.max_memory is not None else default_max_memory())
     truth_file = spec.truth_file()
     truth = load_truth(truth_file, cap) if truth_file is not None else None
     if truth is not None:

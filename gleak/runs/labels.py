@@ -86,8 +86,9 @@ def run_labels(request: LabelsRequest, progress: Callable[[str], None] | None = 
 
 
 def no_counts_reason(report: LabelsReport) -> str | None:
-    """Why no attack gave counts (every one not applicable, or every one that ran failed), or None."""
-    if any(r.status == "ok" for r in report.results):
+    """Why no attack gave an answer (every one not applicable, or every one that ran failed), or None. An attack
+    that abstained answered (the calibrated selector: no attack beats chance here) — that is not bad input."""
+    if any(r.status in ("ok", "abstained") for r in report.results):
         return None
     if all(r.status == "not_applicable" for r in report.results):
         return "no label attack applies to this capture"

@@ -7,9 +7,11 @@ attack on contributions simulated from the auxiliary data with the capture's set
 (:mod:`gleak.attacks.labels.confidence`), together with a ridge combination of all of them and the raw last-layer
 statistics fitted on the same simulations (:mod:`gleak.attacks.labels.stacking`; option ``stack``), keeps the
 candidates that beat chance there, and returns the counts of the one with the best worst-case margin over chance.
-When none beats chance it does not guess: it fails with the reason, so it is never worse than chance where the
-simulation can tell. Runs only when named (``-a calibrated``): the calibration costs K simulated contributions ×
-every attack, about 5 s for a B = 32 LeNet-5 gradient at K = 24.
+When none beats chance it does not guess: it abstains (status ``abstained``, no counts) with the reason — the best
+candidate and its margin over chance on each composition of simulated batches — and that calibration in
+``confidence``, so it is never worse than chance where the simulation can tell. An abstention is an answer, not an
+error. Runs only when named (``-a calibrated``): the calibration costs K simulated contributions × every attack,
+about 5 s for a B = 32 LeNet-5 gradient at K = 24.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs, run_attack
+from gleak.attacks.base import NO_INPUTS, Abstained, Attack, LabelOutput, RunInputs, run_attack
 from gleak.attacks.context import Context
-from gleak.attacks.labels.confidence import SIMULATIONS, best_informative, calibrate
+from gleak.attacks.labels.confidence import SIMULATIONS, Confidence, best_informative, calibrate
 from gleak.attacks.labels.stacking import Stack
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import attacks_for, register
@@ -44,7 +46,7 @@ class Calibrated(Attack):
     name = "calibrated"
     paper = ("gleak's selector: each attack measured on contributions simulated like the capture's; split-conformal "
              "intervals (Lei et al., JASA 2018)")
-    summary = "the attack with the best iAcc on batches simulated like this one; refuses when none beats chance"
+    summary = "the attack with the best iAcc on batches simulated like this one; abstains when none beats chance"
     requires = Requirements(gradient_view=False, needs_model_forward=True, needs_aux=True)
     default: ClassVar[bool] = False
     Options: ClassVar[type[AttackOptions]] = CalibratedOptions
@@ -60,17 +62,14 @@ class Calibrated(Attack):
                                     stack=self.options.stack)
         if why:
             raise GleakError(why)
+        if not calibrated:
+            raise GleakError(f"no label attack ran on enough of the {simulations} batches simulated like this one to "
+                             "be calibrated")
         informative = {n: c for n, c in calibrated.items() if c.informative}
         ranked = sorted(calibrated.items(), key=lambda kv: -kv[1].expected_iacc)
         summary = {n: round(c.expected_iacc, 4) for n, c in ranked}
         if not informative:
-            best_name, best = ranked[0] if ranked else ("none", None)
-            detail = (f"best {best_name} at iAcc {best.expected_iacc:.3f} vs chance {best.chance_iacc:.3f}, "
-                      f"worst-case margin {best.worst_margin:+.3f}" if best is not None
-                      else "no attack ran on the simulated batches")
-            raise GleakError(f"no label attack beats chance on both the uniform and the skewed batches of "
-                             f"{simulations} simulated like this one ({detail}): the labels are not recoverable "
-                             "here by these attacks")
+            raise self._abstain(calibrated, summary, simulations)
         name = best_informative({n: c.to_json() for n, c in informative.items()})
         assert name is not None
         conf = informative[name]
@@ -82,10 +81,27 @@ class Calibrated(Attack):
             if result.status != "ok":
                 raise GleakError(f"the chosen attack {name} did not finish: {result.reason}")
             counts, warnings = result.labels.counts, list(result.warnings)
-        return LabelOutput(counts=counts, warnings=warnings, diagnostics={
-            "chosen": name, "expected_iacc": round(conf.expected_iacc, 4), "chance_iacc": round(conf.chance_iacc, 4),
-            "half_width": conf.half_width, "worst_margin_over_chance": round(conf.worst_margin, 4),
-            "expected_iacc_by_attack": summary})
+        fit = conf.fit(counts)
+        unfit = conf.fit_warning(counts)
+        return LabelOutput(counts=counts, warnings=warnings + ([unfit] if unfit else []), diagnostics={
+            "chosen": name, "composition": conf.composition, "expected_iacc": round(conf.expected_iacc, 4),
+            "chance_iacc": round(conf.chance_iacc, 4), "half_width": conf.half_width,
+            "worst_margin_over_chance": round(conf.worst_margin, 4),
+            "by_composition": conf.to_json().get("by_composition", {}), "expected_iacc_by_attack": summary,
+            **({"fit": fit} if fit is not None else {})})
+
+    @staticmethod
+    def _abstain(calibrated: dict[str, Confidence], summary: dict[str, float], simulations: int) -> Abstained:
+        """The answer when no candidate is informative: the best worst-case margin over chance, by composition."""
+        name, best = max(calibrated.items(), key=lambda kv: kv[1].worst_margin)
+        losing = [best.compositions[c].label if c in best.compositions else c
+                  for c, m in best.by_composition.items() if not m.beats_chance]
+        reason = (f"no label attack beats chance on both compositions of the {simulations} batches simulated like "
+                  f"this one; the best, {name}, has a worst-case margin over chance of {best.worst_margin:+.3f} "
+                  f"({best.describe()}; not clearly above chance on {' and '.join(losing) or 'either'}): the "
+                  "labels are not recoverable here by these attacks, so no counts are given")
+        return Abstained(reason, {"calibrated": True, "attack": name, **best.to_json(),
+                                  "expected_iacc_by_attack": summary})
 
     @staticmethod
     def _stacked(ctx: Context, candidates: list[Attack], stack: Stack) -> tuple[torch.Tensor, list[str]]:

@@ -1,9 +1,11 @@
 """How sure a label attack is, measured rather than assumed: split-conformal count intervals from self-simulation.
 
 For one capture, gleak simulates ``K`` client contributions with the capture's own settings (the global model, B,
-m, learning rate, optimizer, loss, train/eval mode) on batches drawn from the auxiliary data — half with uniform
-labels, half Dirichlet(0.5)-skewed, as non-IID clients are — runs each label attack on them, and measures its
-errors against the simulated truth:
+m, learning rate, optimizer, loss, train/eval mode) on batches drawn from the auxiliary data, in two
+*compositions* — even-numbered ones ``uniform`` (every label drawn uniformly from the classes of the aux data, as an
+IID client's are), odd-numbered ones ``dirichlet`` (a non-IID client: labels drawn from skewed class shares, those
+of one of 10 clients with Dirichlet(α = 0.5) shares, the same for all its local steps; :mod:`gleak.simulate`) —
+runs each label attack on them, and measures its errors against the simulated truth:
 
 * ``half_width`` q: the split-conformal quantile of |n̂_j − n_j| over the simulated (batch, class) pairs, so that
   [n̂_j − q, n̂_j + q] holds the true count with probability ≥ ``level`` when the real batch is drawn like the
@@ -11,11 +13,22 @@ errors against the simulated truth:
   computed for the uniform and for the Dirichlet batches separately and the larger one is kept: a pooled
   quantile holds on average over the two, but under-covers whichever is harder (measured: 0.77–0.80 on skewed
   batches of trained models at a nominal 0.90), and a real client is one or the other;
-* ``expected_iacc`` and ``chance_iacc``: the attack's mean iAcc on the simulated batches and the mean chance iAcc
-  of the same batches; ``informative`` is False unless the attack beats chance by more than two standard errors
-  on the uniform batches *and* on the Dirichlet ones (chance differs a lot between them: 0.87 vs 0.54 for m = 5
-  steps of B = 32, so an attack can beat one and not the other). An uninformative attack's counts are no evidence
-  of a leak, whatever they look like.
+* per composition (``by_composition``): the attack's mean iAcc on that composition's simulated batches
+  (``expected_iacc``) beside the chance iAcc of random guessing *for batches drawn the same way* (``chance_iacc``:
+  the exact chance of a known batch, :func:`gleak.metrics.labels.chance_scores`, averaged over
+  :data:`CHANCE_DRAWS` seeded label draws of the composition), and their difference. Chance differs a lot between
+  the compositions (0.87 vs 0.54 for m = 5 steps of B = 32): a chance averaged over a mixture of both understates
+  the chance of an IID client's batch (0.60 instead of 0.71 for B = 32) and overstates the leak, so no number here
+  mixes them. The headline ``expected_iacc`` / ``chance_iacc`` are those of the composition named by
+  ``composition``, the one where the attack's margin over chance is smallest (``worst_margin``);
+* ``informative`` is False unless the attack beats chance by more than two standard errors on the uniform batches
+  *and* on the Dirichlet ones (margins paired batch by batch), and its mean iAcc is above the composition's chance
+  on both. An uninformative attack's counts are no evidence of a leak, whatever they look like;
+* ``fit`` (with the recovered counts): whether the counts could come from a batch drawn like the simulated ones —
+  the share of batches of the mixture (half uniform, half Dirichlet, as simulated) whose labels are at least as
+  concentrated (Σ n_j(n_j − 1) / (N(N − 1)), the probability that two of the batch's labels agree). Below
+  :data:`FIT_LEVEL` the counts do not fit the mixture, and the expected iAcc and the intervals may not apply
+  to this batch: a warning says so.
 
 The simulated batches are drawn from one half of the auxiliary data (per class) and the attacks read their
 statistics from the other half, as they do on a real capture, whose examples are not in the aux data: with one
@@ -33,10 +46,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from gleak.attacks.base import Attack, run_attack
@@ -45,17 +59,133 @@ from gleak.attacks.labels import stacking
 from gleak.attacks.labels.stacking import Stack
 from gleak.data import Dataset
 from gleak.errors import GleakError
-from gleak.metrics.labels import label_scores
+from gleak.metrics.labels import chance_scores, label_scores
 
 LEVEL = 0.9
 COMPOSITIONS = ("uniform", "dirichlet")
 SIMULATIONS = 24
 CACHE_ENTRIES = 16
+DIRICHLET_ALPHA = 0.5  # the skewed batches' concentration (ClientConfig.dirichlet_alpha's default)
+CHANCE_DRAWS = 2000  # seeded label draws per composition: its chance iAcc (± 0.002) and the fit's reference
+FIT_LEVEL = 0.01  # recovered counts more concentrated than all but this share of the mixture's batches: no fit
+
+
+def concentration(counts: np.ndarray | torch.Tensor | Sequence[int]) -> np.ndarray:
+    """Σ_j n_j(n_j − 1) / (N(N − 1)) per row of ``counts`` [..., C]: the probability that two different labels of
+    the batch agree (1: one class; about 1/C: spread evenly). 0 for batches of fewer than 2 labels."""
+    n = np.asarray(counts, dtype=np.float64)
+    total = n.sum(-1)
+    pairs = np.maximum(total * (total - 1), 1.0)
+    return np.asarray((n * (n - 1)).sum(-1) / pairs)
+
+
+@dataclass(frozen=True, eq=False)
+class Composition:
+    """How one kind of simulated batch draws its labels, and random guessing on such batches.
+
+    ``chance_iacc`` is the expected iAcc of guessing the ``total`` labels uniformly over the ``num_classes``
+    classes, for a batch drawn this way; ``reference`` holds the sorted concentrations of the seeded draws that
+    estimated it (the reference of :meth:`tail`)."""
+
+    name: str  # "uniform" or "dirichlet"
+    total: int  # labels per contribution: m·B
+    num_classes: int  # C: random guesses are uniform over all C classes
+    classes: tuple[int, ...]  # the classes labels are drawn from: those of the aux data
+    alpha: float | None
+    chance_iacc: float
+    draws: int
+    reference: np.ndarray
+
+    @property
+    def assumes(self) -> str:
+        """The assumption, in words."""
+        k = len(self.classes)
+        if self.name == "uniform":
+            return f"every label drawn uniformly from the {k} classes of the aux data (an IID client)"
+        from gleak.simulate import DIRICHLET_CLIENTS
+
+        return (f"a non-IID client: labels drawn from its skewed class shares (one of {DIRICHLET_CLIENTS} clients "
+                f"with Dirichlet(α = {self.alpha:g}) shares over the {k} classes of the aux data), the same shares "
+                "for every local step")
+
+    @property
+    def label(self) -> str:
+        """``uniform`` or ``dirichlet(0.5)``."""
+        return f"dirichlet({self.alpha:g})" if self.name == "dirichlet" and self.alpha is not None else self.name
+
+    def tail(self, counts: torch.Tensor | Sequence[int]) -> float:
+        """The share of batches drawn this way whose labels are at least as concentrated as ``counts`` (Monte Carlo,
+        +1 smoothed); 0 when ``counts`` hold labels of a class this composition never draws."""
+        n = np.asarray(counts, dtype=np.int64)
+        outside = [j for j in np.nonzero(n)[0].tolist() if j not in self.classes]
+        if outside:
+            return 0.0
+        observed = float(concentration(n)) - 1e-12
+        at_least = len(self.reference) - int(np.searchsorted(self.reference, observed, side="left"))
+        return (at_least + 1) / (len(self.reference) + 1)
+
+
+def draw_counts(name: str, total: int, num_classes: int, classes: Iterable[int], alpha: float = DIRICHLET_ALPHA,
+                draws: int = CHANCE_DRAWS, seed: int = 0) -> np.ndarray:
+    """[draws, C] label counts of ``total`` labels drawn as :mod:`gleak.simulate` draws them: ``uniform`` (each
+    label uniform over ``classes``) or ``dirichlet`` (per draw, class weights Beta(α, (10 − 1)·α) normalised over
+    ``classes``, the client's shares, then every label from them)."""
+    from gleak.simulate import DIRICHLET_CLIENTS
+
+    present = np.asarray(sorted(set(classes)), dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    out = np.zeros((draws, num_classes), dtype=np.int64)
+    if name == "uniform":
+        out[:, present] = rng.multinomial(total, np.full(len(present), 1.0 / len(present)), size=draws)
+    elif name == "dirichlet":
+        g1 = rng.gamma(alpha, size=(draws, len(present)))
+        g2 = rng.gamma((DIRICHLET_CLIENTS - 1) * alpha, size=(draws, len(present)))
+        weights = g1 / (g1 + g2)
+        out[:, present] = rng.multinomial(total, weights / weights.sum(1, keepdims=True))
+    else:
+        raise GleakError(f"unknown composition '{name}'; choose {', '.join(COMPOSITIONS)}")
+    return out
+
+
+def mean_chance_iacc(counts: np.ndarray) -> float:
+    """The mean over the rows of ``counts`` [draws, C] of each batch's chance iAcc
+    (:func:`gleak.metrics.labels.chance_scores`, computed once per distinct batch up to the order of classes, on
+    which it does not depend)."""
+    distinct, times = np.unique(np.sort(counts, axis=1), axis=0, return_counts=True)
+    chances = np.array([chance_scores(torch.from_numpy(row))["iacc"] for row in distinct])
+    return float((chances * times).sum() / times.sum())
+
+
+def composition(name: str, total: int, num_classes: int, classes: Iterable[int], alpha: float = DIRICHLET_ALPHA,
+                draws: int = CHANCE_DRAWS, seed: int = 0) -> Composition:
+    """The :class:`Composition` ``name`` for contributions of ``total`` labels drawn from ``classes``, with its chance
+    iAcc estimated on ``draws`` seeded draws (standard error about 0.001 for uniform batches, 0.003 for Dirichlet)."""
+    counts = draw_counts(name, total, num_classes, classes, alpha, draws, seed)
+    return Composition(name, total, num_classes, tuple(sorted(set(classes))), alpha if name == "dirichlet" else None,
+                       mean_chance_iacc(counts), draws, np.sort(concentration(counts)))
+
+
+@dataclass
+class Measured:
+    """One attack on the simulated batches of one composition: its mean iAcc, the composition's chance iAcc, and
+    whether it beats chance there (by two standard errors of the paired margins, and on average)."""
+
+    simulations: int
+    expected_iacc: float
+    chance_iacc: float
+    beats_chance: bool
+
+    @property
+    def margin(self) -> float:
+        return self.expected_iacc - self.chance_iacc
 
 
 @dataclass
 class Confidence:
-    """One attack's calibration for one (model, aux data, settings)."""
+    """One attack's calibration for one (model, aux data, settings).
+
+    ``expected_iacc`` and ``chance_iacc`` are those of the composition ``composition`` (the smallest margin over
+    chance, ``worst_margin``); ``by_composition`` holds every composition's, ``compositions`` their assumptions."""
 
     level: float
     half_width: int
@@ -65,20 +195,75 @@ class Confidence:
     simulations: int
     worst_margin: float = 0.0  # the smaller of (iAcc − chance) over the uniform and the Dirichlet batches
     stack: Stack | None = None  # the "stacked" entry: the fitted combination
+    composition: str = ""  # the composition of expected_iacc / chance_iacc: the one with the smaller margin
+    by_composition: dict[str, Measured] = field(default_factory=dict)
+    compositions: dict[str, Composition] = field(default_factory=dict)
 
     def intervals(self, counts: torch.Tensor, total: int) -> list[list[int]]:
         """[low, high] per class: n̂_j ± q, clipped to [0, total]."""
         q = self.half_width
         return [[max(0, int(c) - q), min(total, int(c) + q)] for c in counts.tolist()]
 
+    def describe(self) -> str:
+        """'uniform: iAcc 0.870 vs chance 0.930 (−0.060); dirichlet(0.5): 0.600 vs 0.540 (+0.060)'."""
+        parts = []
+        for i, (name, m) in enumerate(self.by_composition.items()):
+            label = self.compositions[name].label if name in self.compositions else name
+            parts.append(f"{label}: {'iAcc ' if i == 0 else ''}{m.expected_iacc:.3f} vs {'chance ' if i == 0 else ''}"
+                         f"{m.chance_iacc:.3f} ({m.margin:+.3f})")
+        return "; ".join(parts)
+
+    def fit(self, counts: torch.Tensor | Sequence[int]) -> dict[str, Any] | None:
+        """Whether ``counts`` could come from a batch drawn like the simulated ones (the mixture of the
+        compositions, in equal shares): the mixture's tail share of batches at least as concentrated; None when the
+        calibration has no compositions."""
+        if not self.compositions:
+            return None
+        tails = {name: c.tail(counts) for name, c in self.compositions.items()}
+        p = statistics.fmean(tails.values())
+        return {"statistic": "concentration", "value": round(float(concentration(np.asarray(counts))), 4),
+                "p_value": round(p, 4), "by_composition": {n: round(t, 4) for n, t in tails.items()},
+                "fits": p >= FIT_LEVEL}
+
+    def fit_warning(self, counts: torch.Tensor | Sequence[int]) -> str | None:
+        """The warning when ``counts`` do not fit the simulated compositions, else None."""
+        fit = self.fit(counts)
+        if fit is None or fit["fits"]:
+            return None
+        outside = any(t == 0.0 for t in fit["by_composition"].values())
+        what = ("fall in classes the aux data does not hold" if outside else
+                f"are more concentrated than {100 * (1 - fit['p_value']):.1f} % of the batches simulated like this "
+                f"one ({' and '.join(c.label for c in self.compositions.values())})")
+        return (f"the recovered counts {what}: the batch does not fit the compositions the calibration assumes, so "
+                "its expected iAcc and intervals may not apply")
+
     def to_json(self, counts: torch.Tensor | None = None, total: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"level": self.level, "half_width": self.half_width,
+        out: dict[str, Any] = {"level": self.level, "half_width": self.half_width, "composition": self.composition,
                                "expected_iacc": round(self.expected_iacc, 4), "chance_iacc": round(self.chance_iacc, 4),
                                "informative": self.informative, "simulations": self.simulations,
                                "worst_margin": round(self.worst_margin, 4)}
+        if self.by_composition:
+            out["by_composition"] = {name: _measured_json(m, self.compositions.get(name))
+                                     for name, m in self.by_composition.items()}
         if counts is not None and total is not None:
             out["intervals"] = self.intervals(counts, total)
+            fit = self.fit(counts)
+            if fit is not None:
+                out["fit"] = fit
         return out
+
+
+def _measured_json(m: Measured, comp: Composition | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if comp is not None:
+        out["assumes"] = comp.assumes
+        if comp.alpha is not None:
+            out["alpha"] = comp.alpha
+    out.update({"simulations": m.simulations, "expected_iacc": round(m.expected_iacc, 4),
+                "chance_iacc": round(m.chance_iacc, 4), "margin": round(m.margin, 4), "beats_chance": m.beats_chance})
+    if comp is not None:
+        out["chance_draws"] = comp.draws
+    return out
 
 
 def best_informative(calibrated: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -141,27 +326,39 @@ def split_aux(aux: Dataset, seed: int) -> tuple[Dataset, Dataset]:
 
 @dataclass
 class _Tally:
-    """One candidate's record on the simulated batches: errors and margins over chance by composition, iAcc."""
+    """One candidate's record on the simulated batches, by composition: errors, iAcc and margins over each batch's
+    chance."""
 
     errors: dict[str, list[int]] = field(default_factory=lambda: {c: [] for c in COMPOSITIONS})
     margins: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in COMPOSITIONS})
-    iacc: list[float] = field(default_factory=list)
-    chance: list[float] = field(default_factory=list)
+    iaccs: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in COMPOSITIONS})
+
+    @property
+    def runs(self) -> int:
+        return sum(len(v) for v in self.iaccs.values())
 
     def add(self, counts: torch.Tensor, true: torch.Tensor, composition: str, chance: float) -> None:
         self.errors[composition] += (counts - true).abs().tolist()
-        self.iacc.append(label_scores(counts, true)["iacc"])
-        self.chance.append(chance)
-        self.margins[composition].append(self.iacc[-1] - chance)
+        iacc = label_scores(counts, true)["iacc"]
+        self.iaccs[composition].append(iacc)
+        self.margins[composition].append(iacc - chance)
 
-    def summary(self, level: float, stack: Stack | None = None) -> Confidence:
-        """Intervals from the larger per-composition quantile; informative only when both compositions beat chance."""
-        groups = [m for m in self.margins.values() if m]
-        informative = bool(groups) and all(_beats(m) for m in groups)
-        worst = min(statistics.fmean(m) for m in groups) if groups else 0.0
+    def summary(self, level: float, compositions: Mapping[str, Composition], stack: Stack | None = None,
+                ) -> Confidence:
+        """Intervals from the larger per-composition quantile; expected vs chance per composition (the composition's
+        own chance); informative only when every composition beats chance; the headline numbers those of the
+        composition with the smallest margin."""
+        measured = {name: Measured(len(self.iaccs[name]), statistics.fmean(self.iaccs[name]),
+                                   compositions[name].chance_iacc, False)
+                    for name in COMPOSITIONS if self.iaccs[name]}
+        for name, m in measured.items():
+            m.beats_chance = _beats(self.margins[name]) and m.margin > 0
+        informative = bool(measured) and all(m.beats_chance for m in measured.values())
+        worst = min(measured, key=lambda n: measured[n].margin) if measured else ""
+        head = measured.get(worst, Measured(0, 0.0, 0.0, False))
         half_width = max(conformal_half_width(e, level) for e in self.errors.values() if e)
-        return Confidence(level, half_width, statistics.fmean(self.iacc), statistics.fmean(self.chance), informative,
-                          len(self.iacc), worst, stack)
+        return Confidence(level, half_width, head.expected_iacc, head.chance_iacc, informative, self.runs,
+                          head.margin, stack, worst, measured, dict(compositions))
 
 
 def _composition(i: int) -> str:
@@ -175,7 +372,7 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
     """Each attack's :class:`Confidence` for ``ctx``'s settings, and why there is none (one line) if there is not."""
     from gleak.attacks.context import build_context
     from gleak.io import tensors_sha256
-    from gleak.metrics.labels import chance_scores, truth_counts
+    from gleak.metrics.labels import truth_counts
     from gleak.models.loading import LoadedModel
     from gleak.simulate import ClientConfig, simulate_client
 
@@ -197,11 +394,15 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
         loaded = LoadedModel(ctx.model, "calibration", None, {}, ctx.input_shape, sha, {})
         tallies = {a.name: _Tally() for a in attacks}
         pool, stats = split_aux(ctx.aux, seed)
+        total = settings["batch_size"] * settings["local_steps"]
+        compositions = {name: composition(name, total, ctx.num_classes, pool.indices_by_class(), DIRICHLET_ALPHA,
+                                          seed=seed + j) for j, name in enumerate(COMPOSITIONS)}
         xs: list[torch.Tensor] = []
         ys: list[torch.Tensor] = []
         chance: list[float] = []
         for i in range(simulations):
-            config = ClientConfig(**settings, composition=_composition(i), seed=seed + 7919 * i)
+            config = ClientConfig(**settings, composition=_composition(i), dirichlet_alpha=DIRICHLET_ALPHA,
+                                  seed=seed + 7919 * i)
             capture, truth = simulate_client(ctx.model, pool, config)
             sim = build_context(capture, loaded, stats, ctx.device, seed + i, ctx.layer.name, loss=ctx.loss)
             true = truth_counts(truth.labels, ctx.num_classes)
@@ -218,12 +419,13 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
     except GleakError as e:
         return {}, f"not calibrated: simulating the client failed ({e})"
     # an attack that rarely runs in these settings gets no calibration rather than a weak one
-    out = {name: t.summary(level) for name, t in tallies.items() if len(t.iacc) >= max(2, simulations // 2)}
+    out = {name: t.summary(level, compositions) for name, t in tallies.items()
+           if t.runs >= max(2, simulations // 2)}
     if stack and len(xs) >= 4:
         combined = _Tally()
         for i, counts in enumerate(stacking.out_of_fold(xs, ys, names, ctx.total_examples or 0)):
             combined.add(counts, ys[i], _composition(i), chance[i])
-        out["stacked"] = combined.summary(level, stacking.fit(xs, ys, names))
+        out["stacked"] = combined.summary(level, compositions, stacking.fit(xs, ys, names))
     if cache is not None:
         if len(cache) >= CACHE_ENTRIES:
             cache.pop(next(iter(cache)))

@@ -11,8 +11,8 @@ import torch
 from pydantic import Field
 
 from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
-from gleak.attacks.context import Context
-from gleak.attacks.labels.counts import batch_row_sums, logit_grads, row_sums
+from gleak.attacks.context import DUMMY_CHUNK_BYTES, Context
+from gleak.attacks.labels.counts import CHUNK_BYTES, affine_logit_grads, batch_row_sums, logit_grads, row_sums
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
@@ -55,18 +55,63 @@ def _safe_impact(impact: float, g: torch.Tensor, batch_size: int) -> tuple[float
     return fallback, [f"impact estimate was {impact:.3g} (not negative); used −mean|g|/B = {fallback:.3g}"]
 
 
-def _estimate_from_batches(ctx: Context, features: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-                           batch_index: torch.Tensor, batch_label: torch.Tensor) -> tuple[float, torch.Tensor]:
-    """Impact (Eq. 13) and offsets (Eq. 14) from simulated one-label batches on the same model."""
-    C, B = ctx.num_classes, ctx.require_batch_size()
-    dz = logit_grads(logits, labels, ctx.loss)
-    rows = batch_row_sums(dz, features.double().sum(1), batch_index, len(batch_label), 1.0 / B)  # [R·C, C]
-    own = rows[torch.arange(len(batch_label)), batch_label]  # g_i of the batch labelled i
-    impact = float(own.mean()) / B * (1 + 1 / C)  # Eq. 13: Σ_i ḡ_i/(n·B)·(1 + 1/n), averaged over the R runs
-    other = torch.ones_like(rows, dtype=torch.bool)
-    other[torch.arange(len(batch_label)), batch_label] = False
-    offsets = (rows * other).sum(0) / other.sum(0).clamp_min(1)
-    return impact, offsets
+def _impact_offsets(own: torch.Tensor, own_label: torch.Tensor, totals: torch.Tensor, num_batches: int,
+                    batch_size: int, num_classes: int) -> tuple[float, torch.Tensor]:
+    """Impact (Eq. 13) and offsets (Eq. 14) from the simulated one-label batches' statistics: ``own`` [batches] the
+    row sum g_i of each batch's own label i, ``own_label`` [batches] that label, ``totals`` [C] every batch's row
+    sums added up. Offsets: the mean row sum of class j over the batches not labelled j."""
+    impact = float(own.mean()) / batch_size * (1 + 1 / num_classes)  # Σ_i ḡ_i/(n·B)·(1 + 1/n), over the R runs
+    own_by_class = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, own_label, own)
+    labelled = torch.bincount(own_label, minlength=num_classes)
+    return impact, (totals - own_by_class) / (num_batches - labelled).clamp_min(1)
+
+
+def _class_pools(labels: torch.Tensor) -> tuple[list[int], list[torch.Tensor]]:
+    """The classes present in ``labels``, ascending, and the indices of each one's examples."""
+    order = torch.argsort(labels, stable=True)
+    classes, counts = torch.unique_consecutive(labels[order], return_counts=True)
+    return classes.tolist(), list(torch.split(order, counts.tolist()))
+
+
+def _dummy_statistics(ctx: Context, feature_sums: torch.Tensor, logits: torch.Tensor, repeats: int,
+                      batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LLG*: the same R·B dummy examples under every label i (rep r holds examples r·B … r·B + B − 1); returns the
+    own-label row sums [R·C] (batch (i, r) at i·R + r), their labels and the column totals [C].
+
+    Streamed: for losses whose logit gradient is affine in the one-hot label (cross-entropy and BCE, with any
+    temperature and smoothing: ∂ℓ/∂z = a − c·e_i) in closed form from a [R·B, C]; otherwise label by label in
+    chunks that fit :data:`CHUNK_BYTES`. Never R·C·B × C at once."""
+    C, R, B = ctx.num_classes, repeats, batch_size
+    s = feature_sums.double()
+    rep = torch.arange(R * B) // B
+    labels = torch.arange(C).repeat_interleave(R)
+    rows_per_chunk = max(1, CHUNK_BYTES // (C * 8 * 8))  # logit gradients of two labels and their autograd
+    per_rep = torch.zeros(R, C, dtype=torch.float64)  # A_r = Σ_{n in rep r} a_n·s_n
+    c = None
+    for first in range(0, R * B, rows_per_chunk):
+        part = slice(first, first + rows_per_chunk)
+        affine = affine_logit_grads(logits[part], ctx.loss)
+        if affine is None or (c is not None and abs(affine[1] - c) > 1e-12 * (1 + abs(c))):
+            c = None
+            break
+        a, c = affine
+        per_rep.index_add_(0, rep[part], a * s[part, None])
+    if c is not None:
+        s_rep = torch.zeros(R, dtype=torch.float64).index_add_(0, rep, s)  # S_r
+        own = (per_rep.T - c * s_rep[None, :]).reshape(-1) / B  # [C·R]: (A_r[i] − c·S_r)/B at i·R + r
+        totals = (C * per_rep.sum(0) - c * float(s_rep.sum())) / B
+        return own, labels, totals
+    own = torch.empty(C * R, dtype=torch.float64)
+    totals = torch.zeros(C, dtype=torch.float64)
+    step = max(1, CHUNK_BYTES // (R * B * C * 8 * 6))  # labels per chunk; ~6 [R·B, C] doubles in flight each
+    for first in range(0, C, step):
+        chunk = torch.arange(first, min(C, first + step))
+        dz = logit_grads(logits.repeat(len(chunk), 1), chunk.repeat_interleave(R * B), ctx.loss)
+        batch = (torch.arange(len(chunk)).repeat_interleave(R * B)) * R + rep.repeat(len(chunk))
+        rows = batch_row_sums(dz, s.repeat(len(chunk)), batch, len(chunk) * R, 1.0 / B)  # [|chunk|·R, C]
+        own[first * R:(first + len(chunk)) * R] = rows[torch.arange(len(rows)), chunk.repeat_interleave(R)]
+        totals += rows.sum(0)
+    return own, labels, totals
 
 
 class _LLGBase(Attack):
@@ -112,19 +157,19 @@ class LLGStar(_LLGBase):
     requires = Requirements(needs_model_forward=True, needs_nonneg_features=True)
     Options: ClassVar[type[AttackOptions]] = LLGEstimateOptions
     options: LLGEstimateOptions
+    memory_hint = "-O llg-star.repeats"
+
+    def memory_bytes(self, ctx: Context) -> int:
+        C, n = ctx.num_classes, self.options.repeats * (ctx.batch_size or 1)
+        image = 4 * int(torch.Size(ctx.input_shape or (1,)).numel())
+        return (n * (4 * C + 8) + min(n * image, DUMMY_CHUNK_BYTES) + min(n * C * 8 * 8, CHUNK_BYTES)
+                + 8 * self.options.repeats * C * 3)
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, Any]]:
         C, B, R = ctx.num_classes, ctx.require_batch_size(), self.options.repeats
-        images = ctx.dummy_inputs(R * B, "random", self.rng(ctx))
-        h, z = ctx.features_and_logits(images)  # [R·B, d], [R·B, C]
-        # batch (rep r, label i) holds dummy images r·B … r·B + B − 1, all labelled i
-        rep = torch.arange(R * B) // B
-        h_all = h.repeat(C, 1)
-        z_all = z.repeat(C, 1)
-        labels = torch.arange(C).repeat_interleave(R * B)
-        batch_index = labels * R + rep.repeat(C)
-        batch_label = torch.arange(C).repeat_interleave(R)
-        impact, offsets = _estimate_from_batches(ctx, h_all, z_all, labels, batch_index, batch_label)
+        h_sums, z = ctx.dummy_forward(R * B, "random", self.rng(ctx))  # [R·B], [R·B, C]
+        own, labels, totals = _dummy_statistics(ctx, h_sums, z, R, B)
+        impact, offsets = _impact_offsets(own, labels, totals, R * C, B, C)
         return impact, offsets, {"dummy": "random", "repeats": R}
 
 
@@ -138,21 +183,43 @@ class LLGPlus(_LLGBase):
     requires = Requirements(needs_aux=True, needs_model_forward=True, needs_nonneg_features=True)
     Options: ClassVar[type[AttackOptions]] = LLGEstimateOptions
     options: LLGEstimateOptions
+    memory_hint = "-O llg-plus.repeats"
+
+    def memory_bytes(self, ctx: Context) -> int:
+        C, N = ctx.num_classes, len(ctx.aux) if ctx.aux is not None else 0
+        return 8 * (3 * N + 2 * self.options.repeats * C + 2 * C) + min(N * C * 8 * 6, CHUNK_BYTES)
 
     def estimate(self, ctx: Context, g: torch.Tensor) -> tuple[float, torch.Tensor, dict[str, Any]]:
         C, B = ctx.num_classes, ctx.require_batch_size()
         h, z, y = ctx.aux_forward()
         gen = self.rng(ctx)
-        present = [c for c in range(C) if bool((y == c).any())]
-        picks, batch_label = [], []
+        # every pick of class c sits in a batch labelled c: its logit gradient is fixed, so a batch's row sums are
+        # sums of per-example rows v_n = ∂ℓ_n/∂z·Σ_k h_nk, and only two statistics of them are needed: the own
+        # entry v_n[y_n] of every pick, and Σ_n (picks of n)·v_n — streamed over the aux examples, twice
+        s = h.double().sum(1)
+        step = max(1, CHUNK_BYTES // (C * 8 * 6))
+
+        def rows(part: slice) -> torch.Tensor:
+            return logit_grads(z[part], y[part], ctx.loss) * s[part, None]
+
+        own_entry = torch.empty(len(y), dtype=torch.float64)
+        for first in range(0, len(y), step):
+            part = slice(first, first + step)
+            own_entry[part] = rows(part)[torch.arange(len(y[part])), y[part]]
+        pools = {int(c): pool for c, pool in zip(*_class_pools(y), strict=True)}
+        present = sorted(pools)
+        picked = torch.zeros(len(y), dtype=torch.float64)
+        own_list, batch_label = [], []
         for _ in range(self.options.repeats):
             for c in present:
-                pool = torch.nonzero(y == c).flatten()
-                picks.append(pool[torch.randint(len(pool), (B,), generator=gen)])
+                pick = pools[c][torch.randint(len(pools[c]), (B,), generator=gen)]
+                picked.index_add_(0, pick, torch.ones(B, dtype=torch.float64))
+                own_list.append(float(own_entry[pick].sum()) / B)
                 batch_label.append(c)
-        idx = torch.cat(picks)
-        labels = y[idx]
-        batch_index = torch.arange(len(batch_label)).repeat_interleave(B)
-        impact, offsets = _estimate_from_batches(ctx, h[idx], z[idx], labels, batch_index,
-                                                 torch.tensor(batch_label))
+        totals = torch.zeros(C, dtype=torch.float64)
+        for first in range(0, len(y), step):
+            part = slice(first, first + step)
+            totals += (picked[part, None] * rows(part)).sum(0)
+        own = torch.tensor(own_list, dtype=torch.float64)
+        impact, offsets = _impact_offsets(own, torch.tensor(batch_label), totals / B, len(batch_label), B, C)
         return impact, offsets, {"aux_classes": len(present), "repeats": self.options.repeats}

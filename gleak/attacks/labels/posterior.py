@@ -48,9 +48,7 @@ class Posterior(Attack):
         C, B = ctx.num_classes, ctx.require_batch_size()
         loss = ctx.loss
         _, z, y = ctx.aux_forward()
-        zz = z.double() / loss.temperature
-        p = torch.sigmoid(zz) if loss.name == "bce" else torch.softmax(zz, dim=1)
-        p_pos, p_neg, n_pos = class_posteriors(p, y, C)
+        p_pos, p_neg, n_pos = class_posteriors(z, y, C, loss.temperature, bce=loss.name == "bce")
         warnings = []
         missing = (n_pos == 0).nonzero().flatten().tolist()
         if missing:

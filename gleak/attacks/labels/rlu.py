@@ -45,7 +45,7 @@ from pydantic import Field
 
 from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
-from gleak.attacks.labels.counts import class_logit_stats, logit_grads, round_counts
+from gleak.attacks.labels.counts import candidate_classes, candidate_count, logit_grads, round_counts
 from gleak.attacks.labels.simplex import simplex_least_squares as solve_on_simplex
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
@@ -59,6 +59,11 @@ HISTORY_SCHEMES = ("scaffold", "feddyn", "feddc")
 MAX_SIMULATED_STEPS = 100  # the posterior search simulates at most this many (macro-)steps of the m local steps
 GLS_MAX_CLASSES = 20  # the m = 1 GLS refinement keeps a ((C − 1)(C + 1))² covariance per class
 GLS_RIDGE = 0.1  # ridge on the GLS covariance, as a fraction of the mean per-class variance × B/C
+# Bounded memory and time at ImageNet-sized heads (docs/methods/label-recovery.md#rlu, "large C"):
+FULL_COVARIANCE_MAX_C = 100  # up to this C, every class's full C × C covariance (Cholesky), as the paper writes it
+FACTOR_MAX_RANK = 32  # beyond it, Σ_n = F Fᵀ from at most this many centred examples of class n (exact when fewer)
+MC_WORK = 2 * 10**8  # Monte Carlo softmax evaluations (samples × rows × C) per evaluation of S
+MC_MIN_SAMPLES = 64  # never fewer Monte Carlo samples per class than this
 
 
 class RLUOptions(AttackOptions):
@@ -74,6 +79,8 @@ class RLUOptions(AttackOptions):
                                  "memory grows as C⁵)")
     gls_ridge: float = Field(GLS_RIDGE, gt=0, le=1e6, description="ridge on the GLS covariance, as a fraction of the "
                              "mean per-class variance × B/C")
+    candidates: int | None = Field(None, ge=1, le=10**6, description="classes solved for (the ones the update points "
+                                   "to most); auto: all up to C = 1024, else 4·m·B (at least 1024)")
 
 
 def rho_and_history(ctx: Context, b0: torch.Tensor) -> tuple[np.ndarray, torch.Tensor, list[str]]:
@@ -127,31 +134,116 @@ def _update_tensor(tensor: torch.Tensor | None, what: str) -> torch.Tensor:
     return tensor
 
 
+class _ClassLogits:
+    """Logits of the auxiliary data under one model, by true class (RLU Assumption 3.1): per-class means and
+    covariance factors on demand, class by class — never the C × C × C of every covariance at once."""
+
+    def __init__(self, logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> None:
+        self.z, self.y, self.C = logits, labels, num_classes
+        self.order = torch.argsort(labels, stable=True)
+        self.count = torch.bincount(labels, minlength=num_classes)
+        self.start = torch.cat([torch.zeros(1, dtype=torch.long), self.count.cumsum(0)])
+        total = torch.zeros(num_classes, dtype=torch.float64)
+        for first in range(0, len(logits), 4096):
+            total += logits[first:first + 4096].double().sum(0)
+        self.overall = total / max(len(logits), 1)
+
+    def rows(self, n: int) -> torch.Tensor:
+        """The logits of the auxiliary examples of class n, float64."""
+        return self.z[self.order[int(self.start[n]):int(self.start[n + 1])]].double()
+
+    def mean(self, n: int) -> torch.Tensor:
+        return self.rows(n).mean(0) if int(self.count[n]) else self.overall
+
+    def means(self, classes: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.mean(int(n)) for n in classes]) if len(classes) else torch.zeros(0, self.C)
+
+    def mean_sum(self) -> torch.Tensor:
+        """Σ_n μ_n over every class n (classes without examples count with the overall mean)."""
+        weight = 1.0 / self.count.double().clamp_min(1)
+        total = torch.zeros(self.C, dtype=torch.float64)
+        for first in range(0, len(self.z), 4096):
+            part = slice(first, first + 4096)
+            total += (self.z[part].double() * weight[self.y[part]][:, None]).sum(0)
+        return total + int((self.count == 0).sum()) * self.overall
+
+    def has_spread(self, n: int) -> bool:
+        """Whether class n has the two examples a covariance needs (else the overall spread stands for it)."""
+        return int(self.count[n]) > 1
+
+
 class _Confidences:
-    """Monte Carlo erroneous confidences S_{n,j} = E_{q ~ N(μ_n, Σ_n)} softmax(q)_j with fixed draws."""
+    """Monte Carlo erroneous confidences S_{n,j} = E_{q ~ N(μ_n, Σ_n)} softmax(q)_j (Eq. 8) with fixed draws,
+    for any rows n and means μ_n; only the rows asked for are computed, one class at a time.
 
-    def __init__(self, cov: torch.Tensor, gen: torch.Generator, samples: int) -> None:
-        C = cov.shape[0]
-        eye = torch.eye(C, dtype=torch.float64)
-        chol = []
-        for n in range(C):
-            sigma = cov[n] + 1e-6 * (1 + cov[n].diagonal().mean().abs()) * eye
-            try:
-                chol.append(torch.linalg.cholesky(sigma))
-            except RuntimeError:  # not positive definite: keep the variances only
-                chol.append(torch.diag(sigma.diagonal().clamp_min(0).sqrt()))
-        self.noise = torch.einsum("mk,njk->nmj", torch.randn(samples, C, generator=gen, dtype=torch.float64),
-                                  torch.stack(chol))  # [C, M, C]: L_n z
+    Up to :data:`FULL_COVARIANCE_MAX_C` classes, Σ_n is the full sample covariance (Cholesky, a small jitter) and
+    the draws are shared by every class, as the paper writes Eq. 8. Beyond it Σ_n = F_n F_nᵀ with F_n the centred
+    examples of class n / √(k − 1) — the same Gaussian when k ≤ :data:`FACTOR_MAX_RANK`, else a covariance
+    estimated from that many of them — with draws seeded per class; and fewer samples per class when the
+    evaluation would exceed :data:`MC_WORK`, never fewer than :data:`MC_MIN_SAMPLES`."""
 
-    def __call__(self, mean: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(mean[:, None, :] + self.noise, dim=2).mean(1)  # [n, j]
+    def __init__(self, stats: _ClassLogits, gen: torch.Generator, samples: int, rows: int) -> None:
+        self.stats = stats
+        C = stats.C
+        self.full = C <= FULL_COVARIANCE_MAX_C
+        self.samples = samples if self.full else max(MC_MIN_SAMPLES, min(samples, MC_WORK // max(rows * C, 1)))
+        if self.full:
+            self.draws = torch.randn(self.samples, C, generator=gen, dtype=torch.float64)
+        else:
+            self.seed = int(torch.randint(2**62, (1,), generator=gen))
+        self._factors: dict[int, torch.Tensor] = {}
+
+    def factor(self, n: int) -> torch.Tensor:
+        """F with F Fᵀ = Σ_n: [C, C] (full) or [C, r] (low rank); classes with fewer than two examples share the
+        factor of the overall spread (key −1), computed once."""
+        if not self.stats.has_spread(n):
+            n = -1
+        if n not in self._factors:
+            C = self.stats.C
+            if n >= 0:
+                x = self.stats.rows(n)
+            elif self.full or len(self.stats.z) <= FACTOR_MAX_RANK:
+                x = self.stats.z.double()
+            else:  # the overall spread from a seeded subset of the examples, never all of them in float64
+                pick = torch.randperm(len(self.stats.z), generator=torch.Generator().manual_seed(self.seed - 1))
+                x = self.stats.z[pick[:FACTOR_MAX_RANK]].double()
+            if self.full:
+                cov = torch.cov(x.T) if len(x) > 1 else torch.zeros(C, C, dtype=torch.float64)
+                sigma = cov + 1e-6 * (1 + cov.diagonal().mean().abs()) * torch.eye(C, dtype=torch.float64)
+                try:
+                    f = torch.linalg.cholesky(sigma)
+                except RuntimeError:  # not positive definite: keep the variances only
+                    f = torch.diag(sigma.diagonal().clamp_min(0).sqrt())
+            else:
+                if len(x) > FACTOR_MAX_RANK:
+                    pick = torch.randperm(len(x), generator=torch.Generator().manual_seed(self.seed + n))
+                    x = x[pick[:FACTOR_MAX_RANK]]
+                f = ((x - x.mean(0)).T / max(len(x) - 1, 1) ** 0.5) if len(x) > 1 else torch.zeros(C, 1,
+                                                                                                    dtype=torch.float64)
+            self._factors[n] = f
+        return self._factors[n]
+
+    def rows(self, classes: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+        """S_{n,·} [len(classes), C] for each class n with mean ``means[i]``."""
+        out = torch.empty(len(classes), self.stats.C, dtype=torch.float64)
+        for i, n in enumerate(classes.tolist()):
+            f = self.factor(n)
+            if self.full:
+                draws = self.draws
+            else:
+                draws = torch.randn(self.samples, f.shape[1], generator=torch.Generator().manual_seed(self.seed + n),
+                                    dtype=torch.float64)
+            out[i] = torch.softmax(means[i][None, :] + draws @ f.T, dim=1).mean(0)
+        return out
 
 
-def coefficient_matrix(S: torch.Tensor) -> torch.Tensor:
-    """A_jj = Σ_{n≠j} S_{j,n}; A_jn = −S_{n,j} (Eq. 9)."""
-    off = S.clone()
-    off.fill_diagonal_(0.0)
-    return torch.diag(off.sum(1)) - off.T
+def coefficient_columns(S: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+    """The columns of Eq. 9's A for the unknowns ``classes`` [K], from their rows of S [K, C]: A_jn = −S_{n,j}
+    and A_nn = Σ_{j≠n} S_{n,j}; [C, K]. With every class as an unknown this is the whole A."""
+    A = -S.T.clone()
+    k = torch.arange(len(classes))
+    A[classes, k] = S.sum(1) - S[k, classes]
+    return A
 
 
 def update_statistics(logits: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor, ctx: Context,
@@ -214,11 +306,18 @@ def gls_counts(x: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, start: to
 
 def simplex_least_squares(A: torch.Tensor, u: torch.Tensor) -> np.ndarray:
     """min ‖Az − u‖² s.t. z ≥ 0, Σz = 1 (Eq. 10), solved exactly (:mod:`gleak.attacks.labels.simplex`);
-    uniform proportions when A or u is not finite."""
+    uniform proportions when A or u is not finite. A may hold only the unknowns' columns ([C, K])."""
     An, un = A.double().numpy(), u.double().numpy()
     if not (np.all(np.isfinite(An)) and np.all(np.isfinite(un))):
-        return np.full(len(un), 1 / len(un))
+        return np.full(An.shape[1], 1 / An.shape[1])
     return solve_on_simplex(An, un)
+
+
+def _expand(z: np.ndarray, classes: torch.Tensor, num_classes: int) -> np.ndarray:
+    """Proportions of the unknowns ``classes`` as a vector over all classes (0 elsewhere)."""
+    full = np.zeros(num_classes)
+    full[classes.numpy()] = z
+    return full
 
 
 @register
@@ -251,6 +350,18 @@ class RLU(Attack):
                     "would not stay bounded, so RLU's model of the update does not hold")
         return None
 
+    memory_hint = "-O rlu.candidates"
+
+    def memory_bytes(self, ctx: Context) -> int:
+        C, examples = ctx.num_classes, (ctx.batch_size or 1) * ctx.local_steps
+        K = candidate_count(C, examples, self.options.candidates)
+        full = C <= FULL_COVARIANCE_MAX_C
+        rank = C if full else FACTOR_MAX_RANK
+        samples = self.options.mc_samples if full else max(MC_MIN_SAMPLES, min(self.options.mc_samples,
+                                                                              MC_WORK // max(K * C, 1)))
+        copies = 2 if ctx.local_steps > 1 else 1  # the end model's statistics too
+        return 8 * (copies * (K * C * rank + 3 * K * C) + 2 * K * K + 3 * samples * C)
+
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         C, B, m = ctx.num_classes, ctx.require_batch_size(), ctx.local_steps
         gen = self.rng(ctx)
@@ -268,13 +379,21 @@ class RLU(Attack):
         if ctx.loss.reduction == "sum" and ctx.kind == "update":  # the gradient view is already divided by B
             u = u / B
         _, z_start, y = ctx.aux_forward()
-        start = class_logit_stats(z_start, y, C)
         o = self.options
-        mc = _Confidences(start[1], gen, o.mc_samples)
-        A = coefficient_matrix(mc(start[0]))
-        diagnostics: dict[str, Any] = {"rho_sum": float(rho.sum()), "mc_samples": o.mc_samples}
+        cand = candidate_classes(u, m * B, o.candidates)  # a class in the batch raises its u_j (Eq. 9)
+        start = _ClassLogits(z_start, y, C)
+        mc = _Confidences(start, gen, o.mc_samples, len(cand))
+        A = coefficient_columns(mc.rows(cand, start.means(cand)), cand)
+        diagnostics: dict[str, Any] = {"rho_sum": float(rho.sum()), "mc_samples": mc.samples,
+                                       "candidates": len(cand)}
+        if mc.samples < o.mc_samples:
+            warnings.append(f"C = {C}: {mc.samples} Monte Carlo samples per class instead of {o.mc_samples}, to keep "
+                            "the confidences' cost bounded (-O rlu.mc_samples sets the most)")
+        if len(cand) < C:
+            warnings.append(f"C = {C}: solved for the {len(cand)} classes the update points to most (-O "
+                            "rlu.candidates); the others are taken as absent")
         if m == 1:
-            z = simplex_least_squares(A, u)
+            z = _expand(simplex_least_squares(A, u), cand, C)
             counts = round_counts(z * B, B)
             if o.gls_max_classes >= C:
                 counts, diagnostics["gls_moves"] = self._refine(ctx, counts, u, rho, eta)
@@ -282,9 +401,10 @@ class RLU(Attack):
         else:
             aux = ctx.require_aux()
             z_end = ctx.features_and_logits(aux.batch(range(len(aux)))[0], model=_end_model(ctx))[1]
-            end = class_logit_stats(z_end, y, C)
-            A_end = coefficient_matrix(_Confidences(end[1], gen, o.mc_samples)(end[0]))
-            z = simplex_least_squares((A + A_end) / 2, u)
+            end = _ClassLogits(z_end, y, C)
+            A_end = coefficient_columns(_Confidences(end, gen, o.mc_samples, len(cand)).rows(cand, end.means(cand)),
+                                        cand)
+            z = _expand(simplex_least_squares((A + A_end) / 2, u), cand, C)
             counts = round_counts(z * m * B, m * B)
             diagnostics["crude_counts"] = counts.clone()
             counts, moves = self._posterior_search(ctx, counts, start, end, mc, eta, rho, delta_b + h)
@@ -313,8 +433,8 @@ class RLU(Attack):
         mean, cov = update_statistics(logits, labels, b0, ctx, with_weight=u_W is not None)
         return gls_counts(x.flatten(), mean, cov, counts, self.options.gls_ridge)
 
-    def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: tuple[torch.Tensor, torch.Tensor],
-                          end: tuple[torch.Tensor, torch.Tensor], mc: _Confidences,
+    def _posterior_search(self, ctx: Context, counts: torch.Tensor, start: _ClassLogits, end: _ClassLogits,
+                          mc: _Confidences,
                           eta: float, rho: np.ndarray, db: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Alg. 2: simulate the m steps' logit drift for the counts and move m labels while it helps."""
         m, B = ctx.local_steps, ctx.require_batch_size()
@@ -322,7 +442,8 @@ class RLU(Attack):
         e_bar = (db[:, None] * dW).sum(0) / (db @ db).clamp_min(1e-300)  # LS fit ΔW_j ≈ Δb_j·ē (Eq. 14)
         energy = float(e_bar @ e_bar)
         per_step = eta * float(rho.mean()) / B
-        observed = end[0].sum(0) - start[0].sum(0)  # Σ_n μ_end[n, j] − Σ_n μ_start[n, j]
+        observed = end.mean_sum() - start.mean_sum()  # Σ_n μ_end[n, j] − Σ_n μ_start[n, j]
+        C = ctx.num_classes
 
         # Beyond max_simulated_steps the m steps are simulated as that many macro-steps of m / K steps each (an
         # Euler step of the same drift; per-step shifts are small), so the cost stays bounded for long local runs.
@@ -331,14 +452,20 @@ class RLU(Attack):
 
         def drift(n: torch.Tensor) -> torch.Tensor:
             g = n.double() / m
-            mu = start[0].clone()
+            support = torch.nonzero(g > 0).flatten()  # only the classes in the batch move the bias (Eq. 12)
+            base, gs = start.means(support), g[support]
+            shift = torch.zeros(C, dtype=torch.float64)
+            k = torch.arange(len(support))
             for _ in range(simulated):
-                S = mc(mu)
-                off = S.clone()
-                off.fill_diagonal_(0.0)
-                step_b = per_simulated * (g * off.sum(1) - off.T @ g)  # Eq. 12
-                mu = mu + step_b[None, :] * energy  # Eq. 13, the same shift for every true class n
-            d = mu.sum(0) - start[0].sum(0)
+                S = mc.rows(support, base + shift[None, :])
+                own = S[k, support]
+                out = torch.zeros(C, dtype=torch.float64)
+                out[support] = gs * (S.sum(1) - own)  # g_j·Σ_{n≠j} S_{j,n}
+                into = gs @ S
+                into[support] -= gs * own  # Σ_{n≠j} g_n·S_{n,j}
+                step_b = per_simulated * (out - into)  # Eq. 12
+                shift = shift + step_b * energy  # Eq. 13, the same shift for every true class n
+            d = C * shift  # Σ_n (μ_n + shift) − Σ_n μ_n
             return d - d.mean()  # softmax ignores a common shift of all logits
 
         target = observed - observed.mean()

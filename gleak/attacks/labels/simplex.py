@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 TOLERANCE = 1e-12  # relative: multipliers and entries within this of zero count as zero
+LU_MIN_FREE = 64  # up to this many free classes the KKT system is solved by least squares (SVD), as always
 
 
 def simplex_least_squares(A: np.ndarray, u: np.ndarray, max_iterations: int | None = None) -> np.ndarray:
@@ -34,7 +35,8 @@ def simplex_least_squares(A: np.ndarray, u: np.ndarray, max_iterations: int | No
         return np.zeros(0)
     scale = max(float(np.abs(A).max(initial=0.0)), float(np.abs(u).max(initial=0.0)), 1e-300)
     A, u = A / scale, u / scale  # the minimiser does not change; tolerances become relative
-    G, h = A.T @ A, A.T @ u  # objective ½‖Az − u‖² has gradient Gz − h
+    large = C > LU_MIN_FREE  # thousands of classes: torch's BLAS, much faster here than numpy's for these sizes
+    G, h = (_gram(A), A.T @ u) if large else (A.T @ A, A.T @ u)  # ½‖Az − u‖² has gradient Gz − h
     # start at the best vertex (one class takes everything): feasible, and often close
     start = int(np.argmin(np.einsum("ij,ij->j", A, A) - 2 * (A.T @ u)))
     z = np.zeros(C)
@@ -47,7 +49,7 @@ def simplex_least_squares(A: np.ndarray, u: np.ndarray, max_iterations: int | No
         if np.all(target[free] > -TOLERANCE):
             z = np.where(free, np.clip(target, 0.0, None), 0.0)
             z /= z.sum()
-            gradient = G @ z - h
+            gradient = (_matvec(G, z) if large else G @ z) - h
             multiplier = float(gradient[free].mean())  # equal on F at the optimum of the subproblem
             reduced = gradient - multiplier
             reduced[free] = np.inf
@@ -77,7 +79,31 @@ def _on_free_set(G: np.ndarray, h: np.ndarray, free: np.ndarray) -> np.ndarray:
     kkt[:k, :k] = G[np.ix_(index, index)]
     kkt[:k, k] = kkt[k, :k] = 1.0
     rhs = np.append(h[index], 1.0)
-    solution = np.linalg.lstsq(kkt, rhs, rcond=None)[0]
+    if k <= LU_MIN_FREE:
+        solution = np.linalg.lstsq(kkt, rhs, rcond=None)[0]
+    else:  # large free sets (C in the thousands): LU in torch, least squares only when it is singular
+        import torch
+
+        kt, rt = torch.from_numpy(kkt), torch.from_numpy(rhs)
+        lu = torch.linalg.solve_ex(kt, rt)
+        x = lu.result
+        if int(lu.info) != 0 or not bool(torch.isfinite(x).all()):
+            x = torch.linalg.lstsq(kt, rt[:, None], driver="gelsd").solution[:, 0]
+        solution = x.numpy()
     out = np.zeros(len(h))
     out[index] = solution[:k]
     return out
+
+
+def _gram(A: np.ndarray) -> np.ndarray:
+    """AᵀA through torch (the [C, K] systems of large heads)."""
+    import torch
+
+    t = torch.from_numpy(A)
+    return (t.T @ t).numpy()
+
+
+def _matvec(G: np.ndarray, z: np.ndarray) -> np.ndarray:
+    import torch
+
+    return torch.mv(torch.from_numpy(G), torch.from_numpy(z)).numpy()

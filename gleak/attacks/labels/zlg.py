@@ -12,7 +12,7 @@ from pydantic import Field
 
 from gleak.attacks.base import NO_INPUTS, Attack, LabelOutput, RunInputs
 from gleak.attacks.context import Context
-from gleak.attacks.labels.counts import round_counts, row_sums
+from gleak.attacks.labels.counts import CHUNK_BYTES, mean_posterior, round_counts, row_sums
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
@@ -43,8 +43,8 @@ class _ZLGBase(Attack):
         B, C = ctx.require_batch_size(), ctx.num_classes
         h, z = self.samples(ctx)
         tau, eps = ctx.loss.temperature, ctx.loss.label_smoothing
-        p_bar = torch.softmax(z.double() / tau, dim=1).mean(0)
-        o_bar = float(h.double().sum(1).mean())
+        p_bar = mean_posterior(z, tau)
+        o_bar = float(h.double().sum(1).mean()) if len(h) else 0.0
         g = row_sums(ctx.require_grad_weight())
         real = (B * p_bar - B * eps / C - tau * B * g / o_bar) / (1 - eps)
         warnings = []
@@ -61,6 +61,12 @@ class ZLG(_ZLGBase):
     requires = Requirements(needs_model_forward=True, needs_nonneg_features=True)
     Options: ClassVar[type[AttackOptions]] = ZLGOptions
     options: ZLGOptions
+    memory_hint = "-O zlg.dummy_samples"
+
+    def memory_bytes(self, ctx: Context) -> int:
+        n, C = self.options.dummy_samples, ctx.num_classes
+        image = 4 * int(torch.Size(ctx.input_shape or (1,)).numel())
+        return n * (image + 4 * (C + ctx.layer.feature_dim)) + min(n * C * 8 * 3, CHUNK_BYTES)
 
     def samples(self, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
         return ctx.features_and_logits(ctx.dummy_inputs(self.options.dummy_samples, "random", self.rng(ctx)))

@@ -61,6 +61,13 @@ def print_labels(console: Console, data: Mapping[str, Any]) -> None:
             table.add_column(col, justify="right", no_wrap=True)
     reasons: dict[str, list[str]] = {}
     for r in results:
+        if r["status"] == "abstained":
+            reasons.setdefault(f"[cyan]abstained[/]: {r.get('reason')}", []).append(r["attack"])
+            c = r.get("confidence") or {}
+            cells = ["—", _expected(c)] if calibrated and c.get("calibrated") else [""] * (2 if calibrated else 0)
+            table.add_row(r["attack"], "[cyan]abstained[/] (no counts)", _time(r["seconds"]), *cells,
+                          *([""] * 4 if scored else []))
+            continue
         if r["status"] != "ok":
             label = {"not_applicable": "[yellow]not applicable[/]", "error": "[red]error[/]"}.get(
                 r["status"], "[red]failed[/]")
@@ -72,9 +79,7 @@ def print_labels(console: Console, data: Mapping[str, Any]) -> None:
         if calibrated:
             c = r.get("confidence") or {}
             if c.get("calibrated"):
-                style = "" if c["informative"] else "[red]"
-                cells += [f"{c['half_width']}", f"{style}{c['expected_iacc']:.2f}/{c['chance_iacc']:.2f}"
-                          + ("[/]" if style else "")]
+                cells += [f"{c['half_width']}", _expected(c)]
             else:
                 cells += ["—", "[dim]not calibrated[/]"]
         if scored and r.get("scores"):
@@ -84,6 +89,9 @@ def print_labels(console: Console, data: Mapping[str, Any]) -> None:
                       f"{s['chance_iacc']:.3f}"]
         table.add_row(*cells)
     console.print(table)
+    legend = _composition_legend(results)
+    if legend:
+        console.print(f"[dim]{escape(legend)}[/]", soft_wrap=True)
     soft_rows = [r for r in results if r["status"] == "ok" and r.get("soft_label") is not None]
     if soft_rows:
         print_soft_labels(console, data, soft_rows)
@@ -94,6 +102,37 @@ def print_labels(console: Console, data: Mapping[str, Any]) -> None:
             console.print(f"[yellow]⚠ {r['attack']}:[/] {w}", soft_wrap=True)
     for note in data["ignored_options"]:
         console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
+
+
+COMPOSITION_SHORT = {"uniform": "uni", "dirichlet": "dir"}  # the labels table's expected/chance column
+
+
+def _expected(confidence: Mapping[str, Any]) -> str:
+    """'0.84/0.71 uni': expected vs chance iAcc on the composition named (red when uninformative)."""
+    comp = confidence.get("composition")
+    text = (f"{confidence['expected_iacc']:.2f}/{confidence['chance_iacc']:.2f}"
+            + (f" {COMPOSITION_SHORT.get(comp, comp)}" if comp else ""))
+    return text if confidence.get("informative") else f"[red]{text}[/]"
+
+
+def _composition_legend(results: Sequence[Mapping[str, Any]]) -> str:
+    """What expected/chance compares and the compositions it names (from the first calibration that says)."""
+    for r in results:
+        by = (r.get("confidence") or {}).get("by_composition")
+        if not by:
+            continue
+        names = "; ".join(f"{COMPOSITION_SHORT.get(n, n)}: {_composition_words(n, m)}" for n, m in by.items())
+        return ("expected/chance: iAcc on batches simulated like this one vs random guessing on batches drawn the "
+                f"same way, for the composition with the smaller margin ({names})")
+    return ""
+
+
+def _composition_words(name: str, measured: Mapping[str, Any]) -> str:
+    if name == "uniform":
+        return "labels uniform over the aux data's classes, an IID client"
+    if name == "dirichlet" and measured.get("alpha") is not None:
+        return f"Dirichlet({measured['alpha']:g}) class shares, a non-IID client"
+    return str(measured.get("assumes", name))
 
 
 def print_soft_labels(console: Console, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:

@@ -5,10 +5,10 @@ path and ``name`` the check:
 
 * ``input`` — the capture could be read and audited; a capture that could not is an ``<error>`` (and has no
   other test case, since nothing else ran);
-* ``labels`` (``GLEAK-LABELS``, ``GLEAK-LABELS-AGREE``, ``GLEAK-LABELS-EXPECTED``), ``soft-label``
-  (``GLEAK-SOFT-LABEL``) and ``images`` (``GLEAK-IMAGES``) — a ``<failure>`` when a finding is at or above
-  ``--fail-on``; a pass, with the findings below it in ``<system-out>``, otherwise; ``<skipped>`` when the
-  check did not run (the reason from the capture's ``skipped`` list where it has one).
+* ``labels`` (``GLEAK-LABELS``, ``GLEAK-LABELS-AGREE``, ``GLEAK-LABELS-EXPECTED``, ``GLEAK-LABELS-ABSTAINED``),
+  ``soft-label`` (``GLEAK-SOFT-LABEL``) and ``images`` (``GLEAK-IMAGES``) — a ``<failure>`` when a finding is at
+  or above ``--fail-on``; a pass, with the findings below it in ``<system-out>``, otherwise; ``<skipped>`` when
+  the check did not run (the reason from the capture's ``skipped`` list where it has one).
 
 Findings of a type gleak does not know become a check named after the rule. Text is escaped by ElementTree;
 characters XML 1.0 cannot hold at all (control characters, undecodable file-name bytes) are written as
@@ -32,6 +32,8 @@ CHECKS: tuple[str, ...] = ("labels", "soft-label", "images")
 CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-LABELS": "labels",
     "GLEAK-LABELS-AGREE": "labels",
+    "GLEAK-LABELS-EXPECTED": "labels",
+    "GLEAK-LABELS-ABSTAINED": "labels",
     "GLEAK-SOFT-LABEL": "soft-label",
     "GLEAK-IMAGES": "images",
 }

@@ -123,12 +123,29 @@ RULES: dict[str, RuleInfo] = {
         help_markdown=(
             "# Expected label leakage (GLEAK-LABELS-EXPECTED)\n\n"
             "gleak had no ground truth for this capture. It calibrated every label attack on batches simulated "
-            "like the client's from the auxiliary data and reports the best attack's expected instance-level "
-            "accuracy (iAcc) against the chance iAcc of the same batches, with 90 % count intervals. The "
-            "severity follows the GLEAK-LABELS thresholds but is never critical: exact recovery needs the "
-            "truth.\n\n"
+            "like the client's from the auxiliary data, in two compositions (labels uniform over the classes, as "
+            "an IID client's; skewed Dirichlet class shares, as a non-IID client's), and reports the best "
+            "attack's expected instance-level accuracy (iAcc) against the chance iAcc of random guessing on "
+            "batches drawn the same way, for the composition where its margin over chance is smallest, with 90 % "
+            "count intervals. The severity follows the GLEAK-LABELS thresholds but is never critical: exact "
+            "recovery needs the truth.\n\n"
             "## Mitigations\n\n" + _LABEL_MITIGATIONS),
         default_severity="medium"),
+    "GLEAK-LABELS-ABSTAINED": RuleInfo(
+        name="LabelLeakageAbstained",
+        short="Without ground truth, no label attack beats chance on batches simulated like this one.",
+        full=("No ground truth was available and no label attack beat random guessing on client contributions "
+              "gleak simulated with the capture's settings, on uniform and on skewed batches alike: gleak abstains "
+              "on the labels. Informational: not a leak, and not proof that none exists."),
+        help_markdown=(
+            "# Label leakage: gleak abstains (GLEAK-LABELS-ABSTAINED)\n\n"
+            "gleak had no ground truth for this capture. It calibrated every label attack on batches simulated "
+            "like the client's from the auxiliary data, and none beat the chance iAcc of random guessing on both "
+            "compositions (uniform and skewed batches). Rather than report counts that are no better than a "
+            "guess, it abstains: the message names the best attack and its margin over chance on each "
+            "composition. Stronger attacks, a different model state or the ground truth may still show a leak; "
+            "write the truth file next to the capture to score it.\n"),
+        default_severity="info"),
     INPUT_ERROR: RuleInfo(
         name="InputError",
         short="A capture could not be audited.",

@@ -24,7 +24,7 @@ from gleak.models import LoadedModel
 from gleak.report.model import AttackEntry, CaptureReport, FileRef, Finding, Notice
 from gleak.runs.audit.findings import image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
-from gleak.runs.inputs import resolve_device, soft_truth
+from gleak.runs.inputs import default_max_memory, resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import finite
 
@@ -71,7 +71,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     mark = time.perf_counter()
     try:
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
-                            allow_model_mismatch=config.allow_model_mismatch)
+                            allow_model_mismatch=config.allow_model_mismatch,
+                            max_memory=config.max_memory if config.max_memory is not None else default_max_memory())
         aux = pick_aux(auxes, ctx.input_shape, ctx.num_classes)
         if aux is not None:
             ctx = ctx.with_aux(aux[1], _shared_forwards(cache, loaded, aux, ctx))

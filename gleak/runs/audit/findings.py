@@ -13,9 +13,18 @@ Findings and their thresholds (defaults in :class:`~gleak.report.model.Threshold
   low ≥ 1 dB above it.
 * ``GLEAK-LABELS-AGREE`` (no ground truth) — independent label attacks that agree exactly: info, since only
   the truth can say whether they agree on the right answer.
+* ``GLEAK-LABELS-EXPECTED`` (no ground truth, ``--confidence``) — the best informative attack's expected iAcc on
+  batches simulated like the capture's, against chance for batches drawn the same way (on the composition where
+  its margin is smallest), by the GLEAK-LABELS ladder; never critical.
+* ``GLEAK-LABELS-ABSTAINED`` (no ground truth, ``--confidence``) — no label attack beats chance on batches
+  simulated like the capture's: gleak abstains on the labels. Info: an answer ("not recoverable here by these
+  attacks"), neither a leak nor an error; it names the best attack and its margin over chance per composition.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from gleak.attacks.context import Context
 from gleak.report.model import AttackEntry, CaptureReport, Finding, Notice, Severity, Thresholds
@@ -49,6 +58,9 @@ def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
         expected = expected_finding(report, th)
         if expected is not None:
             findings.append(expected)
+        abstained = abstained_finding(report)
+        if abstained is not None:
+            findings.append(abstained)
         ok = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.counts is not None]
         groups: dict[tuple[int, ...], list[str]] = {}
         for a in ok:
@@ -77,13 +89,39 @@ def label_severity(iacc: float, chance: float, th: Thresholds, exact: bool) -> t
     return None, 0.0
 
 
+def _calibrated(report: CaptureReport) -> dict[str, AttackEntry]:
+    """The label attacks that ran and were calibrated on simulated batches (no truth, ``--confidence``)."""
+    return {a.attack: a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
+            and a.confidence.get("calibrated")}
+
+
+def _worst_margin(conf: Mapping[str, Any]) -> float:
+    """The calibration's worst-case margin over chance (older reports without it: the mean margin)."""
+    return float(conf.get("worst_margin", conf["expected_iacc"] - conf["chance_iacc"]))
+
+
+def _composition(conf: Mapping[str, Any]) -> str:
+    """'uniform batches' / 'dirichlet(0.5) batches' / 'simulated batches' (the composition the numbers are for)."""
+    name = conf.get("composition")
+    if not name:
+        return "simulated batches"
+    alpha = ((conf.get("by_composition") or {}).get(name) or {}).get("alpha")
+    return f"{name}({alpha:g}) batches" if alpha is not None else f"{name} batches"
+
+
+def _by_composition(conf: Mapping[str, Any]) -> str:
+    """'uniform 0.808 vs chance 0.867, dirichlet 0.609 vs chance 0.544' (empty without per-composition numbers)."""
+    by = conf.get("by_composition") or {}
+    return ", ".join(f"{n} {m['expected_iacc']:.3f} vs chance {m['chance_iacc']:.3f}" for n, m in by.items())
+
+
 def expected_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
     """Without truth: the best informative attack's iAcc on batches simulated like this capture's (calibrated
-    confidence), judged by the GLEAK-LABELS thresholds; never critical (exactness needs the truth)."""
+    confidence) against chance for batches drawn the same way, on the composition where its margin is smallest,
+    judged by the GLEAK-LABELS thresholds; never critical (exactness needs the truth)."""
     from gleak.attacks.labels.confidence import best_informative
 
-    calibrated = {a.attack: a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
-                  and a.confidence.get("calibrated")}
+    calibrated = _calibrated(report)
     name = best_informative({n: a.confidence or {} for n, a in calibrated.items()})
     if name is None:
         return None
@@ -92,12 +130,36 @@ def expected_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
     severity, threshold = label_severity(iacc, chance, th, exact=False)
     if severity is None:
         return None
+    by = _by_composition(conf)
     return Finding(
         rule="GLEAK-LABELS-EXPECTED", severity=severity, capture=report.capture.path, attack=best.attack,
-        title=f"{best.attack} is expected to recover {iacc:.0%} of the labels (chance {chance:.0%}), measured on "
-              f"{conf['simulations']} batches simulated like this one",
+        title=f"{best.attack} is expected to recover {iacc:.0%} of the labels (chance {chance:.0%}) on "
+              f"{_composition(conf)}, measured on {conf['simulations']} batches simulated like this one",
         measured=round(iacc, 4), metric="expected_iacc", chance=round(chance, 4), threshold=round(threshold, 4),
-        detail=f"no ground truth; {100 * conf['level']:.0f} % count intervals ±{conf['half_width']} per class")
+        detail=f"no ground truth; {100 * conf['level']:.0f} % count intervals ±{conf['half_width']} per class"
+               + (f"; by composition: {by}" if by else ""))
+
+
+def abstained_finding(report: CaptureReport) -> Finding | None:
+    """Without truth: when label attacks were calibrated and none beats chance on batches simulated like this
+    capture's, the audit's answer on the labels — it abstains (info; the best attack's margin over chance)."""
+    from gleak.attacks.labels.confidence import best_informative
+
+    calibrated = _calibrated(report)
+    if not calibrated or best_informative({n: a.confidence or {} for n, a in calibrated.items()}) is not None:
+        return None
+    name = max(calibrated, key=lambda n: _worst_margin(calibrated[n].confidence or {}))
+    conf = calibrated[name].confidence or {}
+    iacc, chance, margin = float(conf["expected_iacc"]), float(conf["chance_iacc"]), _worst_margin(conf)
+    by = _by_composition(conf)
+    return Finding(
+        rule="GLEAK-LABELS-ABSTAINED", severity="info", capture=report.capture.path, attack=name,
+        title=f"gleak abstains on the labels: no label attack beats chance on batches simulated like this one "
+              f"(best of {len(calibrated)}: {name}, {iacc:.0%} vs chance {chance:.0%} on {_composition(conf)})",
+        measured=round(iacc, 4), metric="expected_iacc", chance=round(chance, 4),
+        detail=f"worst-case margin over chance {margin:+.3f}" + (f" ({by})" if by else "")
+               + f", on {conf['simulations']} simulated batches; the labels are not recoverable here by these "
+               "attacks: not evidence of a leak, nor proof that none exists")
 
 
 def image_finding(report: CaptureReport, entry: AttackEntry, baseline: float, th: Thresholds) -> Finding | None:

@@ -44,6 +44,7 @@ class AuditConfig:
     command: list[str] = field(default_factory=list)
     options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
     confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
+    max_memory: int | None = None  # bytes an attack may add (None: half the memory available at the start)
 
     def __post_init__(self) -> None:
         choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
