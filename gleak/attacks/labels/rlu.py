@@ -238,11 +238,12 @@ class _Confidences:
 
 
 def coefficient_columns(S: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-    """The columns of Eq. 9's A for the unknowns ``classes`` [K], from their rows of S [K, C]: A_jn = −S_{n,j}
-    and A_nn = Σ_{j≠n} S_{n,j}; [C, K]. With every class as an unknown this is the whole A."""
-    A = -S.T.clone()
+    """The columns of Eq. 9's A for the unknowns ``classes`` [K], from their rows of S [K, C] (overwritten): A_jn =
+    −S_{n,j} and A_nn = Σ_{j≠n} S_{n,j}; [C, K]. With every class as an unknown this is the whole A."""
     k = torch.arange(len(classes))
-    A[classes, k] = S.sum(1) - S[k, classes]
+    diagonal = S.sum(1) - S[k, classes]
+    A = S.neg_().T  # in place: S is not needed again, and a [C, K] copy is the largest object of a large head
+    A[classes, k] = diagonal
     return A
 
 

@@ -33,12 +33,18 @@ def simplex_least_squares(A: np.ndarray, u: np.ndarray, max_iterations: int | No
     C = A.shape[1]
     if C == 0:
         return np.zeros(0)
-    scale = max(float(np.abs(A).max(initial=0.0)), float(np.abs(u).max(initial=0.0)), 1e-300)
-    A, u = A / scale, u / scale  # the minimiser does not change; tolerances become relative
     large = C > LU_MIN_FREE  # thousands of classes: torch's BLAS, much faster here than numpy's for these sizes
-    G, h = (_gram(A), A.T @ u) if large else (A.T @ A, A.T @ u)  # ½‖Az − u‖² has gradient Gz − h
-    # start at the best vertex (one class takes everything): feasible, and often close
-    start = int(np.argmin(np.einsum("ij,ij->j", A, A) - 2 * (A.T @ u)))
+    if large:  # no scaled or absolute copy of a [rows, C] A: G and h carry the scale (ties and tolerances alike)
+        scale = max(float(A.max(initial=0.0)), -float(A.min(initial=0.0)), float(np.abs(u).max(initial=0.0)),
+                    1e-300)
+        G, h = _gram(A) / scale**2, (A.T @ u) / scale**2
+        start = int(np.argmin(G.diagonal() - 2 * h))
+    else:
+        scale = max(float(np.abs(A).max(initial=0.0)), float(np.abs(u).max(initial=0.0)), 1e-300)
+        A, u = A / scale, u / scale  # the minimiser does not change; tolerances become relative
+        G, h = A.T @ A, A.T @ u  # objective ½‖Az − u‖² has gradient Gz − h
+        # start at the best vertex (one class takes everything): feasible, and often close
+        start = int(np.argmin(np.einsum("ij,ij->j", A, A) - 2 * (A.T @ u)))
     z = np.zeros(C)
     z[start] = 1.0
     free = np.zeros(C, dtype=bool)
