@@ -78,7 +78,7 @@ def run_one(cap: Path, model: Path, aux: Path, attacks: list[str], extra: list[s
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB, the largest child so far
     out: dict[str, object] = {"seconds": round(seconds, 1), "exit": proc.returncode,
-                              "peak_rss_mb": round(peak / 1024) if peak > before else None}
+                              "peak_rss_mb": round(peak / 1024) if peak > before else None}  # MiB
     try:
         report = json.loads(proc.stdout)
         out["results"] = {r["attack"]: {"status": r["status"], "iacc": (r.get("scores") or {}).get("iacc"),
@@ -117,9 +117,9 @@ def main() -> None:
 
 def run_isolated(cap: Path, model: Path, aux: Path, attacks: list[str], extra: list[str]) -> dict[str, object]:
     """run_one in a fresh interpreter, so that the children's high-water mark is this run's alone."""
-    code = ("import json, sys; sys.path.insert(0, %r); from bench.heads import run_one; from pathlib import Path; "
-            "print(json.dumps(run_one(Path(%r), Path(%r), Path(%r), %r, %r)))"
-            % (str(ROOT), str(cap), str(model), str(aux), attacks, extra))
+    call = f"run_one(Path({str(cap)!r}), Path({str(model)!r}), Path({str(aux)!r}), {attacks!r}, {extra!r})"
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from bench.heads import run_one; "
+            f"from pathlib import Path; print(json.dumps({call}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         return {"exit": proc.returncode, "stderr": proc.stderr.strip().splitlines()[-3:]}
@@ -132,7 +132,10 @@ def render(rows: list[dict[str, object]]) -> str:
              "high-water mark). Heads: " + "; ".join(
                  f"`{k}` {v['arch']} C = {v['classes']}, B = {v['batch']}, aux {v['aux_per_class']}/class, "
                  f"{v['size']}×{v['size']} inputs" for k, v in HEADS.items()), "",
-             "| head | attack | status | iAcc | attack s | process s | peak RSS MB |", "|---|---|---|---|---|---|---|"]
+             "", "Attack s includes the forward of the auxiliary data when the attack is the first to need it (about "
+             "8 s for 4,000 or 10,000 images); process s is the whole `gleak labels` run, torch's import included. "
+             "Peak RSS in MiB (about 1.1 GiB of it is torch, the model and the capture, the idlg row).", "",
+             "| head | attack | status | iAcc | attack s | process s | peak RSS MiB |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         results = r.get("results") or {}
         assert isinstance(results, dict)

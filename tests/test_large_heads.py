@@ -17,8 +17,8 @@ from gleak.capture import capture_gradients
 from gleak.data import Dataset
 from gleak.losses import LossSpec
 from gleak.models import LoadedModel
-from gleak.runs.labels import LabelsRequest, run_labels
 from gleak.runs.inputs import InputSpec, ModelSpec
+from gleak.runs.labels import LabelsRequest, run_labels
 
 ARCH = "tests.test_large_heads:make_mlp"
 LABEL_ATTACKS = ["llg", "llg-star", "llg-plus", "ilrg", "zlg", "zlg-plus", "posterior", "rlu"]
@@ -82,7 +82,8 @@ def test_labels_cli_option_max_memory(tmp_path: Path, gleak) -> None:
     save_dataset(aux, tmp_path / "aux.safetensors")
     r = gleak("labels", tmp_path / "c.safetensors", "--model", tmp_path / "m.safetensors", "--arch", ARCH,
               "--aux", tmp_path / "aux.safetensors", "-a", "rlu", "-a", "llg", "--max-memory", "0.02")
-    assert r.exit_code == 0 and "more than --max-memory 20 MB: lower -O rlu.candidates or raise --max-memory" in " ".join(r.stdout.split())
+    shown = " ".join(r.stdout.split())
+    assert r.exit_code == 0 and "more than --max-memory 20 MB: lower -O rlu.candidates or raise --max-memory" in shown
     r = gleak("labels", tmp_path / "c.safetensors", "--model", tmp_path / "m.safetensors", "--arch", ARCH,
               "--max-memory", "0")
     assert r.exit_code == 2 and "--max-memory" in r.stderr
@@ -137,7 +138,8 @@ def test_a_large_head_through_the_labels_run(tmp_path: Path) -> None:
     save_model(model.module, tmp_path / "m.safetensors", ARCH, {"num_classes": 2000, "hidden": 64})
     save_capture(cap, tmp_path / "c.safetensors")
     save_dataset(aux, tmp_path / "aux.safetensors")
-    spec = InputSpec(tmp_path / "c.safetensors", ModelSpec(tmp_path / "m.safetensors", ARCH), tmp_path / "aux.safetensors")
+    spec = InputSpec(tmp_path / "c.safetensors", ModelSpec(tmp_path / "m.safetensors", ARCH),
+                     tmp_path / "aux.safetensors")
     report = run_labels(LabelsRequest(spec, attacks=["ilrg", "rlu", "llg-plus"]))
     truth = counts_of(y, 2000)
     for r in report.results:

@@ -31,6 +31,10 @@ differences; docs/methods/fl-updates.md#multi-step how updates are read):
    0), the covariance is fixed at the LS counts, and moves of one count between classes are made while the
    Gaussian log-likelihood grows. No prior on the batch composition is used. Only for C ≤ 20 classes
    (C covariances of side (C − 1)(C + 1)); larger C keep the LS estimate.
+6. Large heads (ours; docs/methods/label-recovery.md#large-heads): S is built one class at a time; beyond
+   C = 100 each Σ_n is a low-rank factor of at most 32 centred examples with draws seeded per class, and fewer
+   Monte Carlo samples per class keep one evaluation of S bounded; beyond C = 1024 only the classes with the
+   largest u_j are unknowns (``candidates``). Nothing of size C × C × C or C × M × C is built.
 A FedSGD gradient is the m = 1 case with u = −∇b.
 """
 

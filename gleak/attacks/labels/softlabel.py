@@ -725,10 +725,8 @@ class SoftLabel(Attack):
                 warnings.append(f"noisy gradient (rank-one residual {noise.relative:.2g} × RMS of ∇W): no exact "
                                 f"solution exists; fitted the {fit.family} label by noise-weighted least squares")
             else:
-                warnings.append(f"no exact solution (best loss {min(r.loss for r in results):.3g} ≥ {THRESHOLD:g}); "
-                                "returned the noise-weighted least-squares fit")
-                warnings.append(f"searched |s| ≤ {EXTENDED_BOUND:g} (λ = s/{COEFFICIENT[augmentation]:g}); a trained "
-                                "model's true λ can lie beyond (Wang, Liang & He, ICLR 2024, App. B.2)")
+                warnings.append(f"the loss search found no exact zero (best loss {min(r.loss for r in results):.3g}); "
+                                "the label is the noise-aware fit's")
         cov = noise.label_covariance(fit, choice.dispersion)
         bound, p_close = l1_bound(fits, choice.weights, soft, cov, self.rng(ctx))
         by_augmentation = {a: sum(w for x, w in zip(fits, choice.weights, strict=True)
@@ -737,6 +735,9 @@ class SoftLabel(Attack):
         if bound > LOW_CONFIDENCE_L1:
             warnings.append(f"low confidence {confidence:.3f}: under the estimated noise the soft label may be off by "
                             f"up to L1 = {bound:.2g} (90 % bound; P(L1 ≤ {LOW_CONFIDENCE_L1:g}) ≈ {p_close:.2f})")
+            if not exact and not noisy:
+                warnings.append(f"searched |s| ≤ {EXTENDED_BOUND:g} (λ = s/{COEFFICIENT[augmentation]:g}) exactly; a "
+                                "trained model's true λ can lie beyond (Wang, Liang & He, ICLR 2024, App. B.2)")
         if by_augmentation[augmentation] < LOW_AUGMENTATION:
             warnings.append(f"uncertain augmentation: {augmentation} has weight {by_augmentation[augmentation]:.2f} "
                             f"(smoothing {by_augmentation['smoothing']:.2f}, mixup {by_augmentation['mixup']:.2f})")
