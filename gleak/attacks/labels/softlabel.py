@@ -755,6 +755,8 @@ class SoftLabel(Attack):
                      for x, sc, w in zip(fits, choice.scores, choice.weights, strict=True)],
             "searched": {r.augmentation: {"loss": r.loss, "stage": r.stage, "exact": r.exact} for r in results},
         }
+        if not exact and fit.family == "mixup+smoothing":  # the common off-target mass of smoothed mixup labels
+            diagnostics["epsilon"] = float(torch.sort(soft).values[:-2].mean()) * C
         return LabelOutput(_counts(soft), soft, diagnostics, warnings)
 
 

@@ -160,6 +160,9 @@ def print_soft_labels(console: Console, data: Mapping[str, Any], rows: Sequence[
         else:
             what = d.get("case", "")
         line = f"{r['attack']}: {what}; search: {d.get('stage', '—')}, loss {d.get('loss', float('nan')):.2e}"
+        if d.get("confidence") is not None:
+            bound = d.get("l1_error_bound", float("nan"))
+            line += f"; confidence {d['confidence']:.3f} (90 % bound on L1: {bound:.2g})"
         scores = r.get("scores") or {}
         if "soft_l1" in scores:
             ok = "[green]recovered[/]" if scores["soft_success"] else "[red]not recovered[/]"
