@@ -8,6 +8,9 @@ from typing import TypeVar
 T = TypeVar("T", bound=str)
 
 
+TRUTH_CONTRADICTION = "--truth and --no-truth contradict each other; give one"
+
+
 class GleakError(Exception):
     """Bad input: an unreadable file, a mismatch, missing metadata. The CLI prints it in one line, exit 2."""
 

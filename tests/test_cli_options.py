@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from gleak.cli import app
 from gleak.cli.common import (
-    TRUTH_CONTRADICTION,
     BatchSizeOpt,
     GleakCommand,
     GleakGroup,
@@ -20,10 +19,9 @@ from gleak.cli.common import (
     NoTruthOpt,
     TruthOpt,
     check_output_folder,
-    truth_choice,
 )
 from gleak.config import THRESHOLD_BOUNDS, find_config, load_config, parse_thresholds
-from gleak.errors import GleakError, did_you_mean
+from gleak.errors import TRUTH_CONTRADICTION, GleakError, did_you_mean
 from gleak.report.formats.text import fmt_number
 
 WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
@@ -69,12 +67,16 @@ def test_truth_and_no_truth_together_are_a_usage_error(args: tuple[str, ...]) ->
     assert TRUTH_CONTRADICTION in err
 
 
-def test_truth_choice() -> None:
+def test_truth_and_no_truth_together_are_refused_by_the_library_too() -> None:
+    """The same rule for callers that do not come through Click: gleak.runs.inputs.open_inputs refuses the pair
+    before it reads anything (the capture need not exist)."""
+    from gleak.runs.inputs import InputSpec, open_inputs
+
     with pytest.raises(GleakError, match="--truth and --no-truth contradict each other; give one"):
-        truth_choice(Path("t.safetensors"), True)
-    assert truth_choice(Path("t"), False) == (Path("t"), False)
-    truth, no_truth = truth_choice(None, True)
-    assert truth is None and no_truth is True
+        open_inputs(InputSpec(Path("missing.safetensors"), truth=Path("t.safetensors"), no_truth=True))
+    spec = InputSpec(Path("c.safetensors"), truth=Path("t"))
+    assert spec.truth_file() == Path("t")
+    assert InputSpec(Path("c.safetensors"), no_truth=True).truth_file() is None
     code, out, _ = invoke(tiny, "run", "--truth", "t")
     assert code == 0 and json.loads(out)["truth"] == "t"
 

@@ -22,14 +22,14 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from gleak.errors import GleakError, shorten
+from gleak.errors import TRUTH_CONTRADICTION, GleakError, shorten
 
 try:  # typer ≥ 0.22 vendors click as typer._click; older typer (flwr pins < 0.21) uses click itself
     from typer._click import exceptions as click_exceptions
@@ -54,7 +54,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_HELP = "Global model: .pt2, .safetensors (weights, with --arch), state dict (.pt) or TorchScript archive."
 ModelOpt = Annotated[Path | None, typer.Option("--model", "-M", help=MODEL_HELP)]
-RequiredModelOpt = Annotated[Path, typer.Option("--model", "-M", help=MODEL_HELP, show_default=False)]
 # a command that cannot run without the model, yet says so itself (one GleakError line) rather than Click's usage
 NeededModelOpt = Annotated[Path | None, typer.Option("--model", "-M", help="Global model file (required): "
                                                      + MODEL_HELP.removeprefix("Global model: "))]
@@ -131,8 +130,6 @@ LPIPS_NETWORKS = ("alex", "vgg", "off")
 LpipsOpt = Annotated[str, typer.Option("--lpips", click_type=Choice(LPIPS_NETWORKS),
                                        help="LPIPS network for the image scores (off: no LPIPS).")]
 
-TRUTH_CONTRADICTION = "--truth and --no-truth contradict each other; give one"
-
 
 def _truth_given(ctx: Any, param: Any, value: Any) -> Any:
     """--truth FILE after (or before) --no-truth: a usage error, whichever Click reads second."""
@@ -151,24 +148,6 @@ TruthOpt = Annotated[Path | None, typer.Option("--truth", callback=_truth_given,
                                                "NAME.truth.safetensors next to the capture, when present.")]
 NoTruthOpt = Annotated[bool, typer.Option("--no-truth", callback=_no_truth_given,
                                           help="Ignore any ground truth (the companion file too).")]
-
-
-class TruthChoice(NamedTuple):
-    """What --truth / --no-truth ask for: ``path`` (an explicit file, or None: the companion file when present)
-    and ``ignore`` (no truth at all). Unpacks as ``truth, no_truth`` for :class:`gleak.runs.inputs.InputSpec`."""
-
-    path: Path | None
-    ignore: bool
-
-
-def truth_choice(truth: Path | None, no_truth: bool) -> TruthChoice:
-    """--truth FILE and --no-truth together are a GleakError (exit 2); else what they ask for.
-
-    ``TruthOpt`` and ``NoTruthOpt`` already refuse the pair while Click parses; this is the same rule for callers
-    that do not come through Click (library code, tests)."""
-    if truth is not None and no_truth:
-        raise GleakError(TRUTH_CONTRADICTION)
-    return TruthChoice(truth, bool(no_truth))
 
 
 def check_output_folder(folder: Path, force: bool, fixed_names: Sequence[str] = (), patterns: Sequence[str] = (),
@@ -452,13 +431,6 @@ def apply_threads(requested: int | None) -> int:
     count = requested if requested is not None else default_threads()
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
-    return torch.get_num_threads()
-
-
-def threads_in_use() -> int:
-    """torch's current intra-op CPU thread count (what reports record)."""
-    import torch
-
     return torch.get_num_threads()
 
 

@@ -15,7 +15,7 @@ import torch
 from gleak.attacks import Context, build_context
 from gleak.capture import Truth, load_capture, load_truth, truth_path_for
 from gleak.data import load_dataset
-from gleak.errors import GleakError
+from gleak.errors import TRUTH_CONTRADICTION, GleakError
 from gleak.losses import LossSpec
 from gleak.models import load_model
 from gleak.report.model import ModelCheck, ModelMode
@@ -114,7 +114,7 @@ class Inputs:
 def open_inputs(spec: InputSpec) -> Inputs:
     """Load and validate everything ``spec`` names (every problem is a one-line GleakError)."""
     if spec.truth is not None and spec.no_truth:
-        raise GleakError("--truth and --no-truth contradict each other; give one")
+        raise GleakError(TRUTH_CONTRADICTION)
     if spec.batch_size is not None and spec.batch_size < 1:
         raise GleakError("--batch-size must be ≥ 1")
     cap = load_capture(spec.capture)

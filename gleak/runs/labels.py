@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from gleak import __version__
+from gleak.attacks.base import Attack
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.attacks.registry import attack_class, resolve_assignments
 from gleak.metrics.labels import chance_scores, truth_counts
@@ -34,14 +35,15 @@ class LabelsRequest:
     options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     confidence: int = 0
 
-    def check(self) -> None:
-        """Every option and attack name checked before any file is read (one-line GleakErrors)."""
+    def check(self) -> list[Attack]:
+        """Every option and attack name checked before any file is read (one-line GleakErrors); the attacks to
+        run, not yet configured."""
         for key, value in self.flags.items():
             owner = FLAG_OWNERS[key]
             check_flag_conflicts({key: value}, self.options, [owner])
             resolve_options(attack_class(owner), {key: value}, {key: f"--{key}"})
         resolve_assignments(self.options, task="labels")  # every -O checked before any work
-        select_attacks("labels", self.attacks)
+        return select_attacks("labels", self.attacks)
 
     def attack_options(self, name: str) -> dict[str, Any]:
         """What configures attack ``name``: its flags, then its ``-O`` values."""
@@ -52,8 +54,7 @@ class LabelsRequest:
 def run_labels(request: LabelsRequest, progress: Callable[[str], None] | None = None) -> LabelsReport:
     """Open the inputs, run and score the label attacks; the typed report (``progress`` is called with each
     attack's name as it starts)."""
-    request.check()
-    chosen = select_attacks("labels", request.attacks)
+    chosen = request.check()
     inputs = open_inputs(request.inputs)
     ctx = inputs.ctx
     counts = truth_counts(inputs.truth.labels, ctx.num_classes) if inputs.truth is not None else None

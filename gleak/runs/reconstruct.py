@@ -60,14 +60,10 @@ def auto_attack(ctx: Context) -> str:
 
 def choose_attack(ctx: Context, name: str) -> ReconstructionAttack:
     """The named reconstruction attack, or for ``auto`` the :func:`auto_attack` choice."""
-    if name == "auto":
-        name = auto_attack(ctx)
-    else:
-        try:  # only reconstruction attacks are listed or suggested: a label attack is never the fix here
-            get_attack(name, "reconstruct")
-        except GleakError as e:
-            raise GleakError(f"{e}, or auto") from None
-    return get_attack(name, "reconstruct")
+    try:  # only reconstruction attacks are listed or suggested: a label attack is never the fix here
+        return get_attack(auto_attack(ctx) if name == "auto" else name, "reconstruct")
+    except GleakError as e:
+        raise GleakError(f"{e}, or auto") from None
 
 
 @dataclass

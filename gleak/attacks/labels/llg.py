@@ -199,8 +199,16 @@ class LLGPlus(_LLGBase):
         s = h.double().sum(1)
         step = max(1, CHUNK_BYTES // (C * 8 * 6))
 
+        whole = step >= len(y)  # small enough to keep: one pass over the aux examples instead of two
+        kept: dict[int, torch.Tensor] = {}
+
         def rows(part: slice) -> torch.Tensor:
-            return logit_grads(z[part], y[part], ctx.loss) * s[part, None]
+            if part.start in kept:
+                return kept[part.start]
+            v = logit_grads(z[part], y[part], ctx.loss) * s[part, None]
+            if whole:
+                kept[part.start] = v
+            return v
 
         own_entry = torch.empty(len(y), dtype=torch.float64)
         for first in range(0, len(y), step):

@@ -21,6 +21,7 @@ every CLI run; tests compare it with SLSQP.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 TOLERANCE = 1e-12  # relative: multipliers and entries within this of zero count as zero
 LU_MIN_FREE = 64  # up to this many free classes the KKT system is solved by least squares (SVD), as always
@@ -88,8 +89,6 @@ def _on_free_set(G: np.ndarray, h: np.ndarray, free: np.ndarray) -> np.ndarray:
     if k <= LU_MIN_FREE:
         solution = np.linalg.lstsq(kkt, rhs, rcond=None)[0]
     else:  # large free sets (C in the thousands): LU in torch, least squares only when it is singular
-        import torch
-
         kt, rt = torch.from_numpy(kkt), torch.from_numpy(rhs)
         lu = torch.linalg.solve_ex(kt, rt)
         x = lu.result
@@ -103,13 +102,9 @@ def _on_free_set(G: np.ndarray, h: np.ndarray, free: np.ndarray) -> np.ndarray:
 
 def _gram(A: np.ndarray) -> np.ndarray:
     """AᵀA through torch (the [C, K] systems of large heads)."""
-    import torch
-
     t = torch.from_numpy(A)
     return (t.T @ t).numpy()
 
 
 def _matvec(G: np.ndarray, z: np.ndarray) -> np.ndarray:
-    import torch
-
     return torch.mv(torch.from_numpy(G), torch.from_numpy(z)).numpy()

@@ -174,8 +174,6 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-
-
 def print_reconstruct(console: Console, data: Mapping[str, Any], written: Sequence[Path]) -> None:
     """`gleak reconstruct`: the run, its speed, the matched image scores and the baseline, the files written."""
     console.print(f"[bold]{data['capture']}[/]: {data['attack']} ({data['paper']}), B = {data['batch_size']}, "
@@ -239,8 +237,6 @@ def print_reconstruct(console: Console, data: Mapping[str, Any], written: Sequen
     console.print(f"wrote {written[0]} and {len(written) - 1} more files in {written[0].parent}/")
 
 
-
-
 def print_audit_config(console: Console, keys: Sequence[str], effective: Mapping[str, Any],
                        sources: Mapping[str, str]) -> None:
     """The effective configuration as a table: key, value, source."""
@@ -255,8 +251,8 @@ def print_audit_config(console: Console, keys: Sequence[str], effective: Mapping
 
 
 def short_names(paths: Sequence[str]) -> tuple[str, dict[str, str]]:
-    """The folder the paths share and each path below it (its name alone when the names differ), so that a
-    table cell stays one line at 80 columns; the full paths stay in the lines under the table."""
+    """The folder the paths share and each path below it (``.safetensors`` dropped), so that a table cell stays one
+    line at 80 columns; the full paths stay in the lines under the table."""
     import posixpath
 
     unique = list(dict.fromkeys(paths))

@@ -24,7 +24,7 @@ from gleak.models import LoadedModel
 from gleak.report.model import AttackEntry, CaptureReport, FileRef, Finding, Notice
 from gleak.runs.audit.findings import image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
-from gleak.runs.inputs import default_max_memory, resolve_device, soft_truth
+from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import finite
 
@@ -72,7 +72,7 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     try:
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
                             allow_model_mismatch=config.allow_model_mismatch,
-                            max_memory=config.max_memory if config.max_memory is not None else default_max_memory())
+                            max_memory=config.max_memory)
         aux = pick_aux(auxes, ctx.input_shape, ctx.num_classes)
         if aux is not None:
             ctx = ctx.with_aux(aux[1], _shared_forwards(cache, loaded, aux, ctx))
@@ -211,7 +211,6 @@ def _entry(result: AttackResult, task: Literal["labels", "reconstruct"], scores:
                        confidence=result.confidence)
 
 
-
 def _error(report: CaptureReport, error: GleakError, started: float) -> CaptureReport:
     report.status, report.error = "error", shorten(str(error), 600)
     report.seconds = round(time.perf_counter() - started, 3)
@@ -222,7 +221,6 @@ def _error(report: CaptureReport, error: GleakError, started: float) -> CaptureR
 def _aux_sha256(path: Path) -> str:
     """The aux file's hash, once per process (the same file is attached to every capture it fits)."""
     return file_sha256(path)
-
 
 
 def _stem(path: Path) -> str:

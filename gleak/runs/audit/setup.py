@@ -16,6 +16,7 @@ from gleak.errors import GleakError, choose
 from gleak.io import safetensors_kind
 from gleak.models import LoadedModel, load_model
 from gleak.report.model import SEVERITIES, Budget, ExecutorName, FailOn, Thresholds
+from gleak.runs.inputs import default_max_memory
 
 BUDGETS: tuple[Budget, ...] = typing.get_args(Budget)
 FAIL_ON: tuple[FailOn, ...] = (*SEVERITIES, "none")
@@ -44,11 +45,13 @@ class AuditConfig:
     command: list[str] = field(default_factory=list)
     options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
     confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
-    max_memory: int | None = None  # bytes an attack may add (None: half the memory available at the start)
+    max_memory: int | None = None  # bytes an attack may add (None: half the memory available when set up)
 
     def __post_init__(self) -> None:
         choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
         choose(self.fail_on, FAIL_ON, "--fail-on")
+        if self.max_memory is None:  # once, when the audit is set up: every capture gets the same budget
+            self.max_memory = default_max_memory()
 
 
     def attack_options(self, name: str, budget: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from gleak.runs.audit.setup import AuditConfig, ModelSet
 
 
-
 @dataclass(frozen=True)
 class WorkerSetup:
     """What every worker loads once: the model files, the auxiliary data, the config, torch's thread count."""
