@@ -45,11 +45,17 @@ THRESHOLD_BOUNDS: dict[str, tuple[float, float | None, str]] = {
     "labels_high": (0.0, 1.0, "an iAcc"),
     "labels_medium_margin": (0.0, 1.0, "iAcc above chance"),
     "labels_low_margin": (0.0, 1.0, "iAcc above chance"),
-    "image_critical_psnr": (0.0, None, "a PSNR in dB"),
-    "image_high_psnr": (0.0, None, "a PSNR in dB"),
-    "image_medium_margin": (0.0, None, "dB above the no-attack baseline"),
-    "image_low_margin": (0.0, None, "dB above the no-attack baseline"),
+    "image_critical": (0.0, 1.0, "identification over chance, κ"),
+    "image_high": (0.0, 1.0, "identification over chance, κ"),
+    "image_medium": (0.0, 1.0, "identification over chance, κ"),
+    "image_low": (0.0, 1.0, "identification over chance, κ"),
 }
+# thresholds of earlier releases -> why they are gone (image findings are judged by identification, not PSNR)
+RETIRED_THRESHOLDS = {name: f"'{name}' was retired: image findings are judged by identification over chance "
+                            f"(κ in [0, 1]), set '{new}' instead (docs/audit.md)"
+                      for name, new in (("image_critical_psnr", "image_critical"), ("image_high_psnr", "image_high"),
+                                        ("image_medium_margin", "image_medium"),
+                                        ("image_low_margin", "image_low"))}
 
 
 class AuditFileSettings(BaseModel):
@@ -179,6 +185,8 @@ def load_config(path: Path) -> LoadedConfig:
     thresholds = settings.audit.threshold or {}
     for name, value in thresholds.items():
         where = _at(_shown(path), _table(prefix, ("audit", "threshold")))
+        if name in RETIRED_THRESHOLDS:
+            raise GleakError(f"{where}: {RETIRED_THRESHOLDS[name]}")
         if name not in THRESHOLD_BOUNDS:
             raise GleakError(f"{where}: unknown threshold '{shorten(name, 40)}'{did_you_mean(name, THRESHOLD_BOUNDS)}"
                              f" (thresholds: {', '.join(THRESHOLD_BOUNDS)})")
@@ -300,7 +308,7 @@ def _g(x: float) -> str:
 def parse_thresholds(items: Sequence[str]) -> Thresholds:
     """``["labels_high=0.95", …]`` (``--threshold``, repeatable) -> Thresholds, every name and value checked:
     an unknown name (with a "did you mean"), a value that is not a number, or one outside its range
-    (:data:`THRESHOLD_BOUNDS`: iAcc thresholds and margins in [0, 1], PSNR thresholds and margins ≥ 0 dB) is a
+    (:data:`THRESHOLD_BOUNDS`: iAcc thresholds and margins, and identification over chance, in [0, 1]) is a
     GleakError naming the option."""
     from gleak.report.model import Thresholds
 
@@ -308,6 +316,8 @@ def parse_thresholds(items: Sequence[str]) -> Thresholds:
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip()
+        if name in RETIRED_THRESHOLDS:
+            raise GleakError(f"--threshold {RETIRED_THRESHOLDS[name]}")
         if not sep or name not in THRESHOLD_BOUNDS:
             raise GleakError(f"--threshold takes NAME=VALUE with NAME one of {', '.join(THRESHOLD_BOUNDS)}; "
                              f"got {shorten(repr(item), 60)}{did_you_mean(name, THRESHOLD_BOUNDS) if name else ''}")

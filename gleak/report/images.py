@@ -125,3 +125,42 @@ def baseline_psnr(truth: torch.Tensor) -> tuple[float, str]:
         if mean > best[0]:
             best = (mean, "mean of the other true images")
     return best
+
+
+IDENTIFIED = (0.1, 0.65, 0.2)  # frame of a true image picked first in its lineup (green)
+MISSED = (0.85, 0.1, 0.1)  # frame of a distractor picked before the true image (red)
+TRUE_PLACE = (0.2, 0.4, 0.9)  # frame of a true image that was not picked first (blue)
+FRAME = 3  # frame width, in enlarged pixels
+
+
+def lineup_picture(recons: torch.Tensor, truth: torch.Tensor, distractors: Sequence[torch.Tensor],
+                   matched: Sequence[int], scores: Sequence[Sequence[float]], rows: int = 16) -> torch.Tensor:
+    """The lineups as a picture, one row per true image (the first ``rows``): the reconstruction matched to it,
+    then its K + 1 candidates from most to least similar to the reconstruction. The true image is framed green
+    when it comes first (identified); otherwise it is framed blue and the distractor picked first red."""
+    lines: list[torch.Tensor] = []
+    width = 2 + max((len(d) for d in distractors[:rows]), default=0)
+    for j in range(min(rows, len(truth))):
+        candidates = torch.cat([truth[j:j + 1], distractors[j]]).float().clamp(0, 1)
+        order = sorted(range(len(candidates)), key=lambda c: -scores[j][c])
+        recon = recons[matched[j]:matched[j] + 1] if matched[j] >= 0 else torch.ones_like(truth[j:j + 1])
+        cells = enlarge(torch.cat([recon.float().clamp(0, 1), candidates[order]]))
+        if cells.shape[1] == 1:
+            cells = cells.repeat(1, 3, 1, 1)
+        truth_at = 1 + order.index(0)
+        _frame(cells[truth_at], IDENTIFIED if truth_at == 1 else TRUE_PLACE)
+        if truth_at != 1:
+            _frame(cells[1], MISSED)
+        if len(cells) < width:
+            cells = torch.cat([cells, torch.ones(width - len(cells), *cells.shape[1:])])
+        lines.append(cells)
+    return tile(torch.cat(lines), width)
+
+
+def _frame(cell: torch.Tensor, colour: tuple[float, float, float]) -> None:
+    """Paint a FRAME-pixel border of ``colour`` on ``cell`` [3, H, W] in place."""
+    value = torch.tensor(colour).view(3, 1, 1)
+    cell[:, :FRAME, :] = value
+    cell[:, -FRAME:, :] = value
+    cell[:, :, :FRAME] = value
+    cell[:, :, -FRAME:] = value

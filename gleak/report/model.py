@@ -71,6 +71,9 @@ class AttackEntry(_Model):
                                               "expected_iacc, chance_iacc, informative, simulations, "
                                               "by_composition, fit), or why not; an abstention: the calibration "
                                               "it rests on")
+    identification: dict[str, Any] | None = Field(None, description="reconstructions with ground truth: the "
+                                                  "lineup (rate, identified, n, chance, kappa, interval, level, "
+                                                  "similarity, distractors, lineup source, ranks, matched)")
 
 
 class Finding(_Model):
@@ -117,6 +120,9 @@ class CaptureReport(_Model):
     chance: dict[str, float] | None = None
     attacks: list[AttackEntry] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list, description="planned work left out, and why")
+    expected_images: dict[str, Any] | None = Field(None, description="without truth, with aux data: identification "
+                                                   "of reconstructions of twin batches simulated like this capture's "
+                                                   "(rate, chance, kappa, interval, predicted, twins, n, attack)")
     seconds: float = 0.0
     stage_seconds: dict[str, float] | None = Field(None, description="where the time went: load (files, hashes), "
                                                    "context, labels, reconstruction")
@@ -124,19 +130,19 @@ class CaptureReport(_Model):
 
 class Thresholds(_Model):
     """Where each severity starts. Defaults and their sources are documented in docs/audit.md ("Findings and
-    thresholds"). Label thresholds are rates in [0, 1]; image thresholds are finite decibels ≥ 0."""
+    thresholds"). Label thresholds are rates in [0, 1]; image thresholds are identification over chance, κ in
+    [0, 1]."""
 
     labels_critical: float = Field(1.0, ge=0, le=1, description="best iAcc: every label recovered exactly")
     labels_high: float = Field(0.9, ge=0, le=1, description="best iAcc")
     labels_medium_margin: float = Field(0.2, ge=0, le=1, description="best iAcc minus the chance iAcc")
     labels_low_margin: float = Field(0.05, ge=0, le=1, description="best iAcc minus the chance iAcc")
-    image_critical_psnr: float = Field(30.0, ge=0, allow_inf_nan=False,
-                                       description="mean PSNR (dB) of the matched reconstructions")
-    image_high_psnr: float = Field(20.0, ge=0, allow_inf_nan=False, description="mean PSNR (dB)")
-    image_medium_margin: float = Field(3.0, ge=0, allow_inf_nan=False,
-                                       description="mean PSNR above the no-attack baseline (dB)")
-    image_low_margin: float = Field(1.0, ge=0, allow_inf_nan=False,
-                                    description="mean PSNR above the no-attack baseline (dB)")
+    image_critical: float = Field(0.9, ge=0, le=1, description="identification over chance κ = (rate − chance) / "
+                                  "(1 − chance) of the reconstructions' lineups")
+    image_high: float = Field(0.6, ge=0, le=1, description="identification over chance κ")
+    image_medium: float = Field(0.3, ge=0, le=1, description="identification over chance κ")
+    image_low: float = Field(0.1, ge=0, le=1, description="identification over chance κ (and the rate's interval "
+                             "above chance)")
 
 
 class Report(_Model):
@@ -346,6 +352,9 @@ class ReconstructReport(CommandReport):
     ignored_options: list[str]
     threads: int
     baseline: Baseline | None
+    identification: dict[str, Any] | None = Field(None, description="with ground truth: the identification lineup "
+                                                  "(rate, chance, kappa, interval, distractors, lineup source, "
+                                                  "ranks); lineup.png shows it")
     iterations_per_second: float | None = None
     evaluations_per_second: float | None = None
     generator: dict[str, Any] | None = None  # fgla/rgla: the generator file used and what it records

@@ -33,7 +33,7 @@ from gleak.runs.scoring import ScoredImages, score_outputs, score_reconstruction
 if TYPE_CHECKING:
     from gleak.generator.file import GeneratorFile
 
-FIXED_OUTPUTS = ("grid.png", "metrics.json", "images.safetensors", "recovered.safetensors")
+FIXED_OUTPUTS = ("grid.png", "lineup.png", "metrics.json", "images.safetensors", "recovered.safetensors")
 LPIPS_NETS = ("alex", "vgg", "off")
 Progress = Callable[[int, int, int, float], None]  # an attack's: restart, step, steps, loss
 
@@ -151,6 +151,7 @@ class ReconstructRun:
     images: torch.Tensor | None
     truth_pixels: torch.Tensor | None
     recovered: dict[str, torch.Tensor]
+    lineup: torch.Tensor | None = None  # the identification lineups as a picture (lineup.png), with truth
 
 
 def run_reconstruct(request: ReconstructRequest,
@@ -207,6 +208,16 @@ def run_reconstruct(request: ReconstructRequest,
                             statement=None if beats else
                             f"no better than a blank/mean-image baseline ({floor:.2f} dB, {kind}): mean PSNR "
                             f"{scored.metrics['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it")
+    lineup = identification = None
+    if done.scored is not None and done.truth_pixels is not None and inputs.truth is not None:
+        from gleak.metrics.identification import DEFAULT_DISTRACTORS
+        from gleak.report.images import lineup_picture
+        from gleak.runs.scoring import identification_of
+
+        ident, drawn = identification_of(ctx, done.images, done.truth_pixels, inputs.truth, DEFAULT_DISTRACTORS,
+                                         request.inputs.seed)
+        lineup = lineup_picture(done.images, done.truth_pixels, drawn.images, ident.matched, ident.scores)
+        identification = ident.to_json()
     report = ReconstructReport(
         gleak_version=__version__, capture=str(request.inputs.capture), model=str(request.inputs.model.path),
         attack=chosen.name, paper=chosen.paper, options=result.options or {}, batch_size=ctx.batch_size,
@@ -215,7 +226,7 @@ def run_reconstruct(request: ReconstructRequest,
         warnings=result.warnings, metrics=metrics, model_check=model_check_of(ctx), model_mode=model_mode_of(ctx),
         ignored_options=ignored, threads=torch.get_num_threads(), baseline=baseline,
         generator=gen_file.describe() if gen_file is not None else None, output_scores=done.output_scores,
-        images_written=done.images is not None)
+        images_written=done.images is not None, identification=identification)
     # iterations are Adam steps or L-BFGS outer steps; an L-BFGS step runs many objective evaluations
     iterations, evaluations = (result.output.diagnostics.get(k) for k in ("iterations_run", "evaluations_run"))
     if iterations and result.seconds > 0:
@@ -223,7 +234,7 @@ def run_reconstruct(request: ReconstructRequest,
     if evaluations and result.seconds > 0:
         report.evaluations_per_second = round(evaluations / result.seconds, 2)
     report.total_seconds = round(time.perf_counter() - started, 3)
-    return ReconstructRun(report, done.images, done.truth_pixels, dict(result.output.recovered))
+    return ReconstructRun(report, done.images, done.truth_pixels, dict(result.output.recovered), lineup)
 
 
 def ignored_options(attack: str, used: Mapping[str, Any], flags: Mapping[str, Any],
@@ -274,6 +285,8 @@ def write_outputs(run: ReconstructRun, folder: Path, force: bool) -> list[Path]:
     shown = enlarge(images.float())
     with OutputSet(folder, force) as out:
         out.write_bytes("grid.png", png_bytes(grid(rows, captions=captions)))
+        if run.lineup is not None:
+            out.write_bytes("lineup.png", png_bytes(run.lineup))
         for i, image in enumerate(shown):
             out.write_bytes(f"recon_{i:03d}.png", png_bytes(image))
         out.write_bytes("images.safetensors", safetensors_bytes(

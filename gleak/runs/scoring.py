@@ -1,17 +1,20 @@
 """Scoring what an attack recovered against the ground truth: images (matched one-to-one; PSNR / SSIM / LPIPS
-and the no-attack baseline) and per-example outputs (logits, features). ``gleak reconstruct`` and the audit
+and the no-attack baseline; identification in a lineup) and per-example outputs (logits, features). ``gleak reconstruct`` and the audit
 both score through here; label counts are scored where the label attacks run (:mod:`gleak.attacks.plan`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gleak.attacks import Context
 from gleak.capture import Truth
 from gleak.errors import GleakError
+
+if TYPE_CHECKING:
+    from gleak.metrics.identification import Distractors, Identification
 
 
 def finite(value: Any) -> float | None:
@@ -93,3 +96,23 @@ def score_outputs(ctx: Context, truth: Truth, recovered: dict[str, torch.Tensor]
         out["feature_cosine_mean"] = float(cos.mean())
         out["feature_cosine_min"] = float(cos.min())
     return out
+
+
+def truth_classes(truth: Truth) -> list[int | None]:
+    """Each true example's class: its hard label, or the top class of a soft one."""
+    labels = truth.labels
+    top = labels.argmax(1) if labels.dim() == 2 else labels
+    return [int(c) for c in top.tolist()]
+
+
+def identification_of(ctx: Context, images: torch.Tensor, truth_pixels: torch.Tensor, truth: Truth,
+                      distractors: int, seed: int, similarity: str | None = None) -> tuple[Identification, Distractors]:
+    """The lineup of every true image (:mod:`gleak.metrics.identification`): its K ``distractors`` drawn (seeded)
+    from ``ctx``'s auxiliary data, of the true image's class where it has enough, else from the batch."""
+    from gleak.metrics.identification import DEFAULT_SIMILARITY, draw_distractors, identify
+
+    aux = ctx.aux
+    pool = aux.images if aux is not None and tuple(aux.images.shape[1:]) == tuple(truth_pixels.shape[1:]) else None
+    drawn = draw_distractors(truth_pixels, truth_classes(truth), pool, aux.labels if pool is not None and aux else None,
+                             distractors, seed)
+    return identify(images, truth_pixels, drawn, similarity or DEFAULT_SIMILARITY), drawn

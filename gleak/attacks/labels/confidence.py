@@ -294,7 +294,7 @@ def _beats(margins: Sequence[float]) -> bool:
     return mean > 0 and mean > 2 * spread / math.sqrt(len(margins))
 
 
-def _settings(ctx: Context) -> dict[str, Any]:
+def client_settings(ctx: Context) -> dict[str, Any]:
     """The ClientConfig fields that reproduce the capture's client (without seed and composition)."""
     cap = ctx.capture
     update = ctx.kind == "update"
@@ -382,7 +382,7 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
         return {}, f"not calibrated: {ctx.no_forward_reason or 'needs the model'}"
     if not ctx.batch_size:
         return {}, "not calibrated: the batch size is unknown"
-    settings = _settings(ctx)
+    settings = client_settings(ctx)
     names = tuple(a.name for a in attacks)
     options = tuple(repr(a.used_options()) for a in attacks)
     sha = tensors_sha256(ctx.model.state_dict())  # the weights themselves, not an object id, key the cache

@@ -223,6 +223,13 @@ def print_reconstruct(console: Console, data: Mapping[str, Any], written: Sequen
         console.print(table)
         if m["lpips"] is None:
             console.print(f"[yellow]LPIPS not computed:[/] {m['lpips_info'].get('unavailable')}", soft_wrap=True)
+        ident = data.get("identification")
+        if ident:
+            low, high = ident["interval"]
+            console.print(f"[bold]identification:[/] {ident['identified']:g} of {ident['n']} true images picked out "
+                          f"of lineups of {ident['distractors'] + 1} (rate {ident['rate']:.2f}, "
+                          f"{100 * ident['level']:.0f} % interval [{low:.2f}, {high:.2f}], chance "
+                          f"{ident['chance']:.2f}; distractors: {ident['lineup']})", soft_wrap=True)
         base = data.get("baseline")
         if base is not None and base["statement"]:
             console.print(f"[bold red]{base['statement']}[/]", soft_wrap=True)

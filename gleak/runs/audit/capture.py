@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from gleak.attacks import Context, build_context, get_attack
 from gleak.attacks.base import AttackResult
+from gleak.attacks.consistency import batch_size_conflicts
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
 from gleak.data import Dataset
@@ -22,11 +23,12 @@ from gleak.io import file_sha256
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel
 from gleak.report.model import AttackEntry, CaptureReport, FileRef, Finding, Notice
-from gleak.runs.audit.findings import image_finding, label_findings, notices_for
+from gleak.runs.audit.expected import expected_images
+from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
 from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
-from gleak.runs.scoring import finite
+from gleak.runs.scoring import finite, identification_of
 
 CaptureResult = tuple[CaptureReport, list[Finding], list[Notice]]
 
@@ -90,6 +92,11 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
                    "temperature": ctx.loss.temperature}
     report.model_mode = ctx.mode_note
     report.assumptions = _assumptions(ctx, capture)
+    for conflict in batch_size_conflicts(ctx):
+        report.assumptions.append(f"batch size contradicted by the tensors: {conflict}")
+        notices.append(Notice(code="BATCH_SIZE_CONTRADICTED", capture=path, message=(
+            f"{conflict}: recovered counts are scaled to the recorded batch size and may be wrong; check "
+            "gleak.batch_size / gleak.local_steps")))
     counts = truth_counts(truth.labels, ctx.num_classes) if truth is not None else None
     if counts is not None:
         report.truth_counts = [int(c) for c in counts.tolist()]
@@ -112,18 +119,28 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     findings = label_findings(report, config.thresholds)
     stages["labels"] = round(time.perf_counter() - mark, 6)
     mark = time.perf_counter()
-    entry, baseline, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(Path(path)))
+    entry, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(Path(path)))
     if skipped:
         report.skipped.append(skipped)
         notices.append(Notice(code="RECONSTRUCTION_SKIPPED", capture=path, message=skipped))
-    notices += notices_for(ctx, report, path, bool(auxes))
     if entry is not None:
         report.attacks.append(entry)
-        if baseline is not None:
-            image = image_finding(report, entry, baseline, config.thresholds)
-            if image is not None:
-                findings.append(image)
+        image = image_finding(report, entry, config.thresholds)
+        if image is not None:
+            findings.append(image)
     stages["reconstruction"] = round(time.perf_counter() - mark, 6)
+    if truth is None and entry is not None and entry.status == "ok":
+        mark = time.perf_counter()
+        _name, bounds, _skipped = reconstruction_plan(ctx, config.budget)
+        report.expected_images, why = expected_images(ctx, config, entry.attack, bounds)
+        if why:
+            report.skipped.append(why)
+            notices.append(Notice(code="IMAGES_NOT_EXPECTED", capture=path, message=why))
+        expected = expected_image_finding(report, config.thresholds)
+        if expected is not None:
+            findings.append(expected)
+        stages["expected_images"] = round(time.perf_counter() - mark, 6)
+    notices += notices_for(ctx, report, path, bool(auxes), config.lpips)
     report.seconds = round(time.perf_counter() - started, 3)
     return report, findings, notices
 
@@ -160,42 +177,54 @@ def reconstruction_plan(ctx: Context, budget: str) -> tuple[str | None, dict[str
 
 
 def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir: Path | None,
-                 stem: str) -> tuple[AttackEntry | None, float | None, str | None]:
-    """Run the budget's reconstruction; (entry, baseline PSNR or None, why skipped)."""
+                 stem: str) -> tuple[AttackEntry | None, str | None]:
+    """Run the budget's reconstruction and, with truth, its identification lineup; (entry, why skipped)."""
     name, bounds, skipped = reconstruction_plan(ctx, config.budget)
     if name is None:
-        return None, None, skipped
+        return None, skipped
     attack = get_attack(name, "reconstruct")
     attack.configure(config.attack_options(name, bounds))
     try:
         done = reconstruct(ctx, attack, "auto", truth, lpips=config.lpips)
     except GleakError as e:
-        return None, None, f"reconstruction skipped (no labels to reconstruct with: {e})"
+        return None, f"reconstruction skipped (no labels to reconstruct with: {e})"
     result = done.result
     options = {**(result.options or {}), "labels": done.prepared.source}
     if not done.ok:
-        return _entry(result, "reconstruct", options=options), None, None
+        return _entry(result, "reconstruct", options=options), None
     if done.images is None:  # the budget plans gradient-matching and analytic attacks only; they always make images
         raise TypeError(f"{name} returned no images")
     scores: dict[str, float | None] | None = None
-    baseline = None
     artifacts: list[str] = []
-    if done.scored is not None:
+    identification = lineup = None
+    if done.scored is not None and done.truth_pixels is not None and truth is not None:
         mean = done.scored.metrics["mean"]
-        scores = {"psnr": finite(mean.get("psnr")), "ssim": finite(mean.get("ssim")),
+        identification, drawn = identification_of(ctx, done.images, done.truth_pixels, truth, config.lineup,
+                                                  config.seed)
+        scores = {"identification": round(identification.rate, 4),
+                  "identification_chance": round(identification.chance, 4),
+                  "psnr": finite(mean.get("psnr")), "ssim": finite(mean.get("ssim")),
                   "lpips": finite(mean.get("lpips"))}
-        baseline = done.scored.baseline_psnr
+        lineup = (identification, drawn)
     if out_dir is not None:
         from gleak.io import write_bytes_atomic
-        from gleak.report.images import grid, png_bytes
+        from gleak.report.images import grid, lineup_picture, png_bytes
 
         rows = [done.truth_pixels, done.images] if done.truth_pixels is not None else [done.images]
         relative = Path("captures") / stem / f"{name}_grid.png"
         write_bytes_atomic(out_dir / relative, png_bytes(grid(rows)), force=True)
         artifacts.append(relative.as_posix())
+        if lineup is not None and done.truth_pixels is not None:
+            ident, drawn = lineup
+            picture = lineup_picture(done.images, done.truth_pixels, drawn.images, ident.matched, ident.scores)
+            relative = Path("captures") / stem / f"{name}_lineup.png"
+            write_bytes_atomic(out_dir / relative, png_bytes(picture), force=True)
+            artifacts.append(relative.as_posix())
     entry = _entry(result, "reconstruct", scores=scores, options=options)
     entry.artifacts = artifacts
-    return entry, baseline, None
+    if identification is not None:
+        entry.identification = identification.to_json()
+    return entry, None
 
 
 def _entry(result: AttackResult, task: Literal["labels", "reconstruct"], scores: dict[str, float | None] | None = None,

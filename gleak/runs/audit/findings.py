@@ -8,9 +8,12 @@ Findings and their thresholds (defaults in :class:`~gleak.report.model.Threshold
   low by ≥ 0.05.
 * ``GLEAK-SOFT-LABEL`` — the soft label of one example recovered within L1 < 1e-3, the success criterion of
   Wang, Liang & He (ICLR 2024): high.
-* ``GLEAK-IMAGES`` — the mean PSNR of the matched reconstructions: critical ≥ 30 dB, high ≥ 20 dB, medium when
-  ≥ 3 dB above the no-attack baseline (each image's flat mean colour, or the mean of the other true images),
-  low ≥ 1 dB above it.
+* ``GLEAK-IMAGES`` — identification: each true image in a lineup with K distractors of its class, picked out
+  by its reconstruction (:mod:`gleak.metrics.identification`); severity from identification over chance
+  κ = (rate − chance) / (1 − chance): critical ≥ 0.9, high ≥ 0.6, medium ≥ 0.3, low ≥ 0.1, and only when the
+  rate's 95 % interval lies above chance. PSNR, SSIM and LPIPS are reported beside it.
+* ``GLEAK-IMAGES-EXPECTED`` (no ground truth, ``--aux``, standard or full budget) — the same ladder (never
+  critical) on the identification of twin batches simulated like the capture's (:mod:`gleak.runs.audit.expected`).
 * ``GLEAK-LABELS-AGREE`` (no ground truth) — independent label attacks that agree exactly: info, since only
   the truth can say whether they agree on the right answer.
 * ``GLEAK-LABELS-EXPECTED`` (no ground truth, ``--confidence``) — the best informative attack's expected iAcc on
@@ -162,27 +165,61 @@ def abstained_finding(report: CaptureReport) -> Finding | None:
                "attacks: not evidence of a leak, nor proof that none exists")
 
 
-def image_finding(report: CaptureReport, entry: AttackEntry, baseline: float, th: Thresholds) -> Finding | None:
-    psnr = (entry.scores or {}).get("psnr")
-    if psnr is None:
+def image_severity(kappa: float, low: float, chance: float, th: Thresholds,
+                   highest: Severity = "critical") -> tuple[Severity | None, float]:
+    """The GLEAK-IMAGES ladder on identification over chance κ; nothing unless the rate's interval lies above
+    chance (``low`` > ``chance``). ``highest`` caps it (an expectation is never critical)."""
+    if low <= chance:
+        return None, 0.0
+    ladder: list[tuple[Severity, float]] = [("critical", th.image_critical), ("high", th.image_high),
+                                            ("medium", th.image_medium), ("low", th.image_low)]
+    for severity, threshold in ladder[[s for s, _ in ladder].index(highest):]:
+        if kappa >= threshold:
+            return severity, threshold
+    return None, 0.0
+
+
+def image_finding(report: CaptureReport, entry: AttackEntry, th: Thresholds) -> Finding | None:
+    """GLEAK-IMAGES: the reconstructions' identification in their lineups (module docstring), with truth."""
+    ident = entry.identification
+    if not ident:
         return None
-    severity: Severity | None = None
-    threshold = 0.0
-    if psnr >= th.image_critical_psnr:
-        severity, threshold = "critical", th.image_critical_psnr
-    elif psnr >= th.image_high_psnr:
-        severity, threshold = "high", th.image_high_psnr
-    elif psnr >= baseline + th.image_medium_margin:
-        severity, threshold = "medium", baseline + th.image_medium_margin
-    elif psnr >= baseline + th.image_low_margin:
-        severity, threshold = "low", baseline + th.image_low_margin
+    kappa, (low, high), chance = float(ident["kappa"]), ident["interval"], float(ident["chance"])
+    severity, threshold = image_severity(kappa, float(low), chance, th)
     if severity is None:
         return None
-    ssim = (entry.scores or {}).get("ssim")
-    return Finding(rule="GLEAK-IMAGES", severity=severity, capture=report.capture.path, attack=entry.attack,
-                   title=f"{entry.attack} reconstructs the inputs at {psnr:.1f} dB PSNR", measured=round(psnr, 3),
-                   metric="psnr", chance=round(baseline, 3), threshold=round(threshold, 3),
-                   detail=f"SSIM {ssim:.3f}; no-attack baseline {baseline:.2f} dB" if ssim is not None else None)
+    scores = entry.scores or {}
+    secondary = ", ".join(f"{k.upper()} {fmt.format(scores[k])}" for k, fmt in
+                          (("psnr", "{:.1f} dB"), ("ssim", "{:.3f}"), ("lpips", "{:.3f}")) if scores.get(k) is not None)
+    return Finding(
+        rule="GLEAK-IMAGES", severity=severity, capture=report.capture.path, attack=entry.attack,
+        title=f"{entry.attack} reconstructions identify {ident['identified']:g} of {ident['n']} inputs in lineups of "
+              f"{ident['distractors'] + 1} (chance {chance:.0%})",
+        measured=round(kappa, 4), metric="identification_kappa", chance=0.0, threshold=round(threshold, 4),
+        detail=f"identification rate {ident['rate']:.2f}, {100 * ident['level']:.0f} % interval "
+               f"[{low:.2f}, {high:.2f}], chance {chance:.2f}; κ = (rate − chance) / (1 − chance); distractors: "
+               f"{ident['lineup']}; similarity {ident['similarity']}" + (f"; {secondary}" if secondary else ""))
+
+
+def expected_image_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
+    """GLEAK-IMAGES-EXPECTED: without truth, the identification of twin batches' reconstructions (never critical)."""
+    exp = report.expected_images
+    if not exp:
+        return None
+    kappa, (low, high), chance = float(exp["kappa"]), exp["interval"], float(exp["chance"])
+    severity, threshold = image_severity(kappa, float(low), chance, th, highest="high")
+    if severity is None:
+        return None
+    lo, hi = exp["predicted"]
+    return Finding(
+        rule="GLEAK-IMAGES-EXPECTED", severity=severity, capture=report.capture.path, attack=exp["attack"],
+        title=f"{exp['attack']} is expected to identify {exp['rate']:.0%} of this batch's inputs in lineups of "
+              f"{exp['distractors'] + 1} (chance {chance:.0%}), measured on {exp['twins']} twin batches",
+        measured=round(kappa, 4), metric="expected_identification_kappa", chance=0.0, threshold=round(threshold, 4),
+        detail=f"no ground truth; twins: {exp['settings']}; pooled rate {exp['rate']:.2f} of {exp['n']}, "
+               f"{100 * exp['level']:.0f} % interval [{low:.2f}, {high:.2f}]; one batch like this one: "
+               f"[{lo:.2f}, {hi:.2f}]" + (f"; the recorded defense was not simulated ({exp['defense_not_simulated']})"
+                                          if exp.get("defense_not_simulated") else ""))
 
 
 NOTICE_CODES = {
@@ -194,12 +231,23 @@ NOTICE_CODES = {
     "ATTACK_ERROR": "an attack raised an unexpected error (recorded; the audit went on)",
     "RECONSTRUCTION_SKIPPED": "the budget's reconstruction did not run (the message says why)",
     "LABELS_UNINFORMATIVE": "without truth, no label attack beats chance on batches simulated like this capture's",
+    "IMAGES_NOT_EXPECTED": "without truth, the expected image leakage was not simulated (the message says why)",
+    "LPIPS_UNAVAILABLE": "LPIPS could not be computed (the message says why); identification, PSNR and SSIM were",
+    "BATCH_SIZE_CONTRADICTED": "the capture's tensors show more examples or labels than its recorded batch size",
 }
 
 
-def notices_for(ctx: Context, report: CaptureReport, capture: str, aux_given: bool) -> list[Notice]:
+def notices_for(ctx: Context, report: CaptureReport, capture: str, aux_given: bool,
+                lpips: str = "off") -> list[Notice]:
     """Warnings with stable codes (:data:`NOTICE_CODES`) about one audited capture."""
     out: list[Notice] = []
+    unavailable = [a for a in report.attacks if a.task == "reconstruct" and a.scores and a.scores.get("psnr")
+                   is not None and a.scores.get("lpips") is None]
+    if lpips != "off" and unavailable:
+        from gleak.metrics.perceptual import load_lpips
+
+        why = load_lpips(lpips).reason or "LPIPS gave no value"
+        out.append(Notice(code="LPIPS_UNAVAILABLE", capture=capture, message=f"LPIPS ({lpips}) not computed: {why}"))
     if report.aux is None:
         out.append(Notice(code="NO_AUX", capture=capture, message=(
             "none of the --aux data fits this capture's model (input shape and classes)" if aux_given else

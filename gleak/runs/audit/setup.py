@@ -23,6 +23,8 @@ FAIL_ON: tuple[FailOn, ...] = (*SEVERITIES, "none")
 EXECUTORS: tuple[ExecutorName, ...] = typing.get_args(ExecutorName)
 # budget -> iterations of the bounded gradient-matching run (None: the attack's default); quick runs none
 STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
+# budget -> twin batches simulated to expect the image leakage of a capture without truth (quick: none)
+EXPECTED_TWINS: dict[str, int] = {"quick": 0, "standard": 2, "full": 4}
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
 CAPTURE_KINDS = ("gradient", "update")
 FORWARD_CACHE_ENTRIES = 8  # (model, aux, mode) combinations whose aux forwards an audit keeps
@@ -46,10 +48,13 @@ class AuditConfig:
     options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
     confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
     max_memory: int | None = None  # bytes an attack may add (None: half the memory available when set up)
+    lineup: int = 9  # K distractors beside each true image in the identification lineup (chance 1 / (K + 1))
 
     def __post_init__(self) -> None:
         choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
         choose(self.fail_on, FAIL_ON, "--fail-on")
+        if not 1 <= self.lineup <= 99:
+            raise GleakError(f"--lineup must be between 1 and 99 distractors, got {self.lineup}")
         if self.max_memory is None:  # once, when the audit is set up: every capture gets the same budget
             self.max_memory = default_max_memory()
 
