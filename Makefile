@@ -27,6 +27,11 @@ demo: setup
 	$(BIN)/gleak simulate --model samples/models/lenet_untrained.safetensors --data samples/data/mnist_client.safetensors \
 		--batch-size 16 --local-steps 5 --seed 7 -o $(OUT)/fedavg_b16_m5.safetensors --force
 	$(BIN)/gleak inspect $(OUT)/fedavg_b16_m5.safetensors --model samples/models/lenet_untrained.safetensors
+	# images judged by identification in lineups: a bounded reconstruction (standard budget); the lineup picture is
+	# out/demo/audit_b8/captures/*/ig_lineup.png (--fail-on none keeps the demo green: this capture leaks)
+	$(BIN)/gleak audit samples/captures/fedsgd_b8.safetensors --model samples/models/lenet_untrained.safetensors \
+		--aux samples/data/mnist_aux.safetensors --budget standard -o $(OUT)/audit_b8 --format table,html,json \
+		--fail-on none --force
 	# the CI gate on every shipped capture (they leak: --fail-on none keeps the demo green; CI would use high)
 	$(BIN)/gleak audit samples/captures --model samples/models --aux samples/data/mnist_aux.safetensors \
 		--aux samples/data/cifar10.safetensors -o $(OUT)/audit --format table,html,json,sarif,md,junit \

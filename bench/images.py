@@ -13,7 +13,8 @@ leak that PSNR missed, and the expected image leakage of captures without truth.
   SSIM, LPIPS, negative MSE). Spearman's ρ against the known order along each chain (noise, iterations; the
   three null images tied at the bottom), and the pairs each metric puts the wrong way round.
 * bncnn — three user-written BatchNorm CNNs (classifier ``head``, ``fc``, and ``classifier`` after global
-  average pooling), FedSGD in train mode on 16 digits, each capture and a noise control (its tensors replaced by Gaussian noise of the same spread) in one
+  average pooling), FedSGD in train mode on 16 digits, each capture and a noise control (its tensors replaced
+  by Gaussian noise of the same spread) in one
   audit (standard budget, with truth): which get GLEAK-IMAGES.
 * expected — the same captures without truth, with --aux: GLEAK-IMAGES-EXPECTED and whether its predictive
   interval holds the identification measured with truth, over 5 client batches.
@@ -308,7 +309,8 @@ def write(results: dict[str, Any]) -> None:
     g = results.get("graded")
     if g:
         lines += ["## Graded set (16 MNIST digits, lineups of 10, 5 distractor draws)", "",
-                  "| level | PSNR dB | SSIM | LPIPS | id ncc | id ssim | id lpips | id mse |", "|---|---|---|---|---|---|---|---|"]
+                  "| level | PSNR dB | SSIM | LPIPS | id ncc | id ssim | id lpips | id mse |",
+                  "|---|---|---|---|---|---|---|---|"]
         for name, row in g["levels"].items():
             lines.append(f"| {name} | {row['psnr']:.2f} | {row['ssim']:.3f} | {row['lpips']:.3f} | {row['id_ncc']:.2f}"
                          f" | {row['id_ssim']:.2f} | {row['id_lpips']:.2f} | {row['id_mse']:.2f} |")
@@ -330,11 +332,14 @@ def write(results: dict[str, Any]) -> None:
     b = results.get("bncnn")
     if b:
         lines += ["## BatchNorm CNNs, FedSGD in train mode, B = 16 (one audit, standard budget, with truth)", "",
-                  "| capture | identification | interval | PSNR dB | SSIM | LPIPS | GLEAK-IMAGES |", "|---|---|---|---|---|---|---|"]
+                  "| capture | identification | interval | PSNR dB | SSIM | LPIPS | GLEAK-IMAGES |",
+                  "|---|---|---|---|---|---|---|"]
         for name, row in b.items():
             ident, s = row["identification"] or {}, row["scores"] or {}
-            lines.append(f"| {name} | {ident.get('identified', 0):g} of {ident.get('n', 0)} ({ident.get('rate', 0):.2f}) | "
-                         f"{ident.get('interval')} | {s.get('psnr') or float('nan'):.2f} | {s.get('ssim') or float('nan'):.3f} | "
+            nan = float("nan")
+            lines.append(f"| {name} | {ident.get('identified', 0):g} of {ident.get('n', 0)} "
+                         f"({ident.get('rate', 0):.2f}) | {ident.get('interval')} | {s.get('psnr') or nan:.2f} | "
+                         f"{s.get('ssim') or nan:.3f} | "
                          f"{s.get('lpips') or float('nan'):.3f} | {row['finding'] or 'none'} |")
         lines += ["", "![Lineups of the head-cnn capture](images-bncnn-lineup.png)", ""]
     e = results.get("expected")
@@ -343,7 +348,8 @@ def write(results: dict[str, Any]) -> None:
                   "| case | batch | measured with truth | expected | 95 % interval | one batch predicted | covered |",
                   "|---|---|---|---|---|---|---|"]
         for r in e["rows"]:
-            lines.append(f"| {r['case']} | {r['batch']} | {r['measured']:.3f} | {r['expected']:.3f} | {r['interval']} | "
+            lines.append(f"| {r['case']} | {r['batch']} | {r['measured']:.3f} | {r['expected']:.3f} | "
+                         f"{r['interval']} | "
                          f"{r['predicted']} | {'yes' if r['covered'] else 'no'} |")
         lines += ["", f"Coverage: {e['coverage']:.0%} of {len(e['rows'])} batches.", ""]
     t = results.get("time")

@@ -539,14 +539,23 @@ def capture_gradients(
     (per channel). ``labels`` are class indices [B] or soft labels [B, C]. Batch size, input shape, number of
     classes (from the model's output), loss and the model hash are filled in; a gradient needs no optimizer
     keys. ``metadata`` adds or overrides gleak.* keys.
+
+    The model is left as it was: a train-mode forward updates BatchNorm's running statistics, so the buffers are
+    put back afterwards, and a model saved after capturing still has the weights (and hash) the capture records.
     """
     spec = loss or LossSpec()
     params = dict(model.named_parameters())
     global_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    saved_buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     model.zero_grad(set_to_none=True)
-    logits = model(inputs)
-    value = client_loss(logits, labels, spec)
-    grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+    try:
+        logits = model(inputs)
+        value = client_loss(logits, labels, spec)
+        grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+    finally:
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                buffer.copy_(saved_buffers[name])
     tensors = {
         n: (g if g is not None else torch.zeros_like(p)).detach().cpu()
         for (n, p), g in zip(params.items(), grads, strict=True)

@@ -152,7 +152,10 @@ def config_error(tmp_path: Path, text: str, name: str = "gleak.toml") -> str:
     ("[audit]\ntrust-pickle = true\n", "'trust-pickle' cannot be set in a config file"),
     ("[audit.threshold]\nlabels_critical = 1.5\n",
      "gleak.toml [audit.threshold] key 'labels_critical': must be between 0 and 1 (an iAcc), got 1.5"),
-    ("[audit.threshold]\nimage_high_psnr = -3\n", "key 'image_high_psnr': must be ≥ 0 (a PSNR in dB), got -3"),
+    ("[audit.threshold]\nimage_high = -3\n",
+     "key 'image_high': must be between 0 and 1 (identification over chance, κ), got -3"),
+    ("[audit.threshold]\nimage_high_psnr = 20\n", "'image_high_psnr' was retired: image findings are judged by "
+     "identification over chance (κ in [0, 1]), set 'image_high' instead"),
     ("[audit.threshold]\nlabel_high = 0.5\n", "unknown threshold 'label_high'; did you mean 'labels_high'?"),
     ("[audit.options]\nrlu = {mc_samples = [1]}\n",
      "gleak.toml [audit.options.rlu] key 'mc_samples': must be a string, a number or true/false, got [1]"),
@@ -212,8 +215,9 @@ def test_threshold_bounds_cover_every_threshold() -> None:
     ("labels_critical=1.5", "--threshold labels_critical must be between 0 and 1 (an iAcc), got 1.5"),
     ("labels_high=-0.1", "--threshold labels_high must be between 0 and 1 (an iAcc), got -0.1"),
     ("labels_low_margin=2", "must be between 0 and 1 (iAcc above chance)"),
-    ("image_critical_psnr=-1", "--threshold image_critical_psnr must be ≥ 0 (a PSNR in dB), got -1"),
-    ("image_low_margin=nan", "must be a finite number"),
+    ("image_critical=-1", "--threshold image_critical must be between 0 and 1 (identification over chance, κ), got -1"),
+    ("image_low=nan", "must be a finite number"),
+    ("image_low_margin=1", "'image_low_margin' was retired"),
     ("labels_high=lots", "is not a number"),
     ("label_high=0.5", "did you mean 'labels_high'?"),
     ("labels_high", "NAME=VALUE"),
@@ -225,8 +229,8 @@ def test_threshold_values_must_lie_in_their_range(item: str, fragment: str) -> N
 
 
 def test_thresholds_within_range_are_kept() -> None:
-    th = parse_thresholds(["labels_critical=1", "labels_high=0", "image_high_psnr=45.5", "image_low_margin=0"])
-    assert (th.labels_critical, th.labels_high, th.image_high_psnr, th.image_low_margin) == (1.0, 0.0, 45.5, 0.0)
+    th = parse_thresholds(["labels_critical=1", "labels_high=0", "image_high=0.45", "image_low=0"])
+    assert (th.labels_critical, th.labels_high, th.image_high, th.image_low) == (1.0, 0.0, 0.45, 0.0)
 
 
 # ---------------------------------------------------------------------------------------- the output folder

@@ -82,6 +82,9 @@ def audit(
                                             "ground truth: calibrate the label attacks on this many batches "
                                             "simulated from --aux like the capture's (GLEAK-LABELS-EXPECTED; 0: "
                                             "off).")] = 24,
+    lineup: Annotated[int, typer.Option("--lineup", callback=number(1, 99), help="Distractors beside each true "
+                                        "image in the identification lineup of GLEAK-IMAGES (chance 1 / "
+                                        "(K + 1)).")] = 9,
     jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", callback=number(1, MAX_JOBS),
                                       help="Audit this many captures at once, in worker processes (with "
                                       "--executor ray: Ray workers; 1 means one per cluster CPU).")] = 1,
@@ -157,7 +160,7 @@ def audit(
     config = AuditConfig(budget=choose(budget, BUDGETS, "--budget"), fail_on=gate,
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
-                         confidence=confidence, max_memory=gigabytes(max_memory),
+                         confidence=confidence, max_memory=gigabytes(max_memory), lineup=lineup,
                          trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])

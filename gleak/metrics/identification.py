@@ -61,7 +61,9 @@ def ncc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     def standardised(x: torch.Tensor) -> torch.Tensor:
         flat = lowpass(x.double()).flatten(1)
         flat = flat - flat.mean(1, keepdim=True)
-        return flat / flat.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        norm = flat.norm(dim=1, keepdim=True)
+        flat_image = norm <= 1e-9 * flat.shape[1] ** 0.5  # no structure: rounding error is not a signal
+        return torch.where(flat_image, torch.zeros_like(flat), flat / norm.clamp_min(1e-300))
 
     return standardised(a) @ standardised(b).T
 
@@ -142,8 +144,11 @@ def draw_distractors(truth: torch.Tensor, classes: Sequence[int | None], pool: t
         duplicate = ((flat_pool - image.double().flatten()) ** 2).mean(1) < DUPLICATE_MSE
         allowed = ~duplicate
         label = classes[j]
-        own = torch.nonzero(allowed & (pool_labels == label)).flatten() if label is not None else torch.empty(0, dtype=torch.long)
-        rest = torch.nonzero(allowed & (pool_labels != label)).flatten() if label is not None else torch.nonzero(allowed).flatten()
+        if label is None:
+            own, rest = torch.empty(0, dtype=torch.long), torch.nonzero(allowed).flatten()
+        else:
+            own = torch.nonzero(allowed & (pool_labels == label)).flatten()
+            rest = torch.nonzero(allowed & (pool_labels != label)).flatten()
         own = own[torch.randperm(len(own), generator=gen)][:k]
         rest = rest[torch.randperm(len(rest), generator=gen)][: k - len(own)]
         chosen = torch.cat([own, rest])

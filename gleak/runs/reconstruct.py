@@ -209,7 +209,7 @@ def run_reconstruct(request: ReconstructRequest,
                             f"no better than a blank/mean-image baseline ({floor:.2f} dB, {kind}): mean PSNR "
                             f"{scored.metrics['mean']['psnr']:.2f} dB is not {BASELINE_MARGIN:g} dB above it")
     lineup = identification = None
-    if done.scored is not None and done.truth_pixels is not None and inputs.truth is not None:
+    if done.scored is not None and done.images is not None and done.truth_pixels is not None and inputs.truth:
         from gleak.metrics.identification import DEFAULT_DISTRACTORS
         from gleak.report.images import lineup_picture
         from gleak.runs.scoring import identification_of

@@ -1,6 +1,7 @@
 """Scoring what an attack recovered against the ground truth: images (matched one-to-one; PSNR / SSIM / LPIPS
-and the no-attack baseline; identification in a lineup) and per-example outputs (logits, features). ``gleak reconstruct`` and the audit
-both score through here; label counts are scored where the label attacks run (:mod:`gleak.attacks.plan`)."""
+and the no-attack baseline; identification in a lineup) and per-example outputs (logits, features).
+``gleak reconstruct`` and the audit both score through here; label counts are scored where the label attacks run
+(:mod:`gleak.attacks.plan`)."""
 
 from __future__ import annotations
 

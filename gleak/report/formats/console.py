@@ -307,8 +307,15 @@ def print_audit(console: Console, report: Report) -> None:
         images = "—"
         recon = next((a for a in c.attacks if a.task == "reconstruct"), None)
         if recon is not None:
-            psnr = (recon.scores or {}).get("psnr")
-            images = f"{recon.attack} {psnr:.1f} dB" if psnr is not None else f"{recon.attack} ({recon.status})"
+            ident, psnr = recon.identification, (recon.scores or {}).get("psnr")
+            if ident:
+                images = f"{recon.attack} {ident['identified']:g}/{ident['n']} id"
+            elif c.expected_images:
+                images = f"{recon.attack} expected {c.expected_images['rate']:.2f} id"
+            elif psnr is not None:
+                images = f"{recon.attack} {psnr:.1f} dB"
+            else:
+                images = f"{recon.attack} ({recon.status})" if recon.status != "ok" else recon.attack
         found = by_capture.get(c.capture.path, [])
         worst = max((f.severity for f in found), key=severity_rank, default=None)
         kind = f"{KIND_SHORT.get(c.kind or '', c.kind)} B={c.batch_size}" + (

@@ -26,9 +26,10 @@ TEMPLATE = "report.html.j2"
 MAX_EMBED_BYTES = 20 * 1024 * 1024  # artifacts this large or larger are linked by name, not embedded
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SERIES_COLOURS = ("#94a3b8", "#2563eb", "#f59e0b", "#10b981")
-SCORE_KEYS = ("iacc", "cacc", "exact", "psnr", "ssim", "lpips")
-SCORE_LABELS = {"iacc": "iAcc", "cacc": "cAcc", "exact": "exact", "psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS"}
-IMAGE_SCORE_KEYS = ("psnr", "ssim", "lpips")
+SCORE_KEYS = ("iacc", "cacc", "exact", "identification", "psnr", "ssim", "lpips")
+SCORE_LABELS = {"iacc": "iAcc", "cacc": "cAcc", "exact": "exact", "identification": "identified",
+                "identification_chance": "chance", "psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS"}
+IMAGE_SCORE_KEYS = ("identification", "psnr", "ssim", "lpips")
 
 
 def short_sha(sha: str | None) -> str:

@@ -6,9 +6,10 @@ path and ``name`` the check:
 * ``input`` — the capture could be read and audited; a capture that could not is an ``<error>`` (and has no
   other test case, since nothing else ran);
 * ``labels`` (``GLEAK-LABELS``, ``GLEAK-LABELS-AGREE``, ``GLEAK-LABELS-EXPECTED``, ``GLEAK-LABELS-ABSTAINED``),
-  ``soft-label`` (``GLEAK-SOFT-LABEL``) and ``images`` (``GLEAK-IMAGES``) — a ``<failure>`` when a finding is at
-  or above ``--fail-on``; a pass, with the findings below it in ``<system-out>``, otherwise; ``<skipped>`` when
-  the check did not run (the reason from the capture's ``skipped`` list where it has one).
+  ``soft-label`` (``GLEAK-SOFT-LABEL``) and ``images`` (``GLEAK-IMAGES``, ``GLEAK-IMAGES-EXPECTED``) — a
+  ``<failure>`` when a finding is at or above ``--fail-on``; a pass, with the findings below it in
+  ``<system-out>``, otherwise; ``<skipped>`` when the check did not run (the reason from the capture's
+  ``skipped`` list where it has one).
 
 Findings of a type gleak does not know become a check named after the rule. Text is escaped by ElementTree;
 characters XML 1.0 cannot hold at all (control characters, undecodable file-name bytes) are written as
@@ -36,6 +37,7 @@ CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-LABELS-ABSTAINED": "labels",
     "GLEAK-SOFT-LABEL": "soft-label",
     "GLEAK-IMAGES": "images",
+    "GLEAK-IMAGES-EXPECTED": "images",
 }
 
 # Everything outside XML 1.0's Char production: C0 controls but tab/newline/return, surrogates, U+FFFE/U+FFFF.
@@ -105,7 +107,7 @@ def _skip_reason(capture: CaptureReport, check: str) -> str | None:
         return "no label attack recovered a soft label"
     if check == "images":
         recon = [a for a in capture.attacks if a.task == "reconstruct"]
-        if any(a.scores and a.scores.get("psnr") is not None for a in recon):
+        if any(a.scores and a.scores.get("psnr") is not None for a in recon) or capture.expected_images:
             return None
         reasons = _skipped_entries(capture, check)
         reasons += [f"{a.attack} {a.status}: {a.reason}" if a.reason else f"{a.attack} {a.status}"

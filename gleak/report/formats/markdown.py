@@ -53,13 +53,23 @@ def _best_label_attack(capture: CaptureReport) -> AttackEntry | None:
     return ran[0] if ran else None
 
 
-def _psnr_range(capture: CaptureReport) -> str:
-    values = [a.scores["psnr"] for a in capture.attacks
+def _images(capture: CaptureReport) -> str:
+    """'ig: 7 of 8 identified (chance 0.10), 9.81 dB', the expectation without truth, the PSNR range of
+    reconstructions scored without a lineup (worst / best), or a dash."""
+    for a in capture.attacks:
+        ident = a.identification
+        if a.task == "reconstruct" and a.status == "ok" and ident:
+            psnr = (a.scores or {}).get("psnr")
+            shown = f", {psnr:.2f} dB" if psnr is not None and math.isfinite(psnr) else ""
+            return (f"{md_escape(a.attack)}: {ident['identified']:g} of {ident['n']} identified "
+                    f"(chance {ident['chance']:.2f}){shown}")
+    exp = capture.expected_images
+    if exp:
+        return f"{md_escape(exp['attack'])}: expected {exp['rate']:.2f} identified (chance {exp['chance']:.2f})"
+    values = [a.scores["psnr"] for a in capture.attacks  # scored without a lineup: the PSNR range
               if a.task == "reconstruct" and a.status == "ok" and a.scores and a.scores.get("psnr") is not None]
     finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return "—"
-    return f"{min(finite):.2f} / {max(finite):.2f} dB"
+    return f"{min(finite):.2f} / {max(finite):.2f} dB" if finite else "—"
 
 
 def _capture_row(capture: CaptureReport) -> str:
@@ -73,7 +83,7 @@ def _capture_row(capture: CaptureReport) -> str:
     if iacc is not None and chance is not None:
         margin = f"{iacc - chance:+.3f}"
     attack = md_escape(best.attack) if best else "—"
-    return f"| {name} | ok | {attack} | {_num(iacc)} | {margin} | {_psnr_range(capture)} |"
+    return f"| {name} | ok | {attack} | {_num(iacc)} | {margin} | {_images(capture)} |"
 
 
 def render(report: Report, out_dir: Path | None = None) -> str:
@@ -104,7 +114,7 @@ def render(report: Report, out_dir: Path | None = None) -> str:
         lines += ["No findings.", ""]
     if report.captures:
         lines += ["### Captures", "",
-                  "| Capture | Status | Best label attack | iAcc | Over chance | Image PSNR (worst / best) |",
+                  "| Capture | Status | Best label attack | iAcc | Over chance | Images (identification in lineups) |",
                   "|---|---|---|---:|---:|---:|"]
         lines += [_capture_row(c) for c in report.captures]
         lines.append("")

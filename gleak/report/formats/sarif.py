@@ -90,14 +90,17 @@ RULES: dict[str, RuleInfo] = {
     "GLEAK-IMAGES": RuleInfo(
         name="InputReconstruction",
         short="The shared update lets an attacker reconstruct the training inputs.",
-        full=("A gradient-inversion attack reconstructs the client's training inputs from the shared update with "
-              "a mean PSNR above the documented thresholds (or clearly above a no-attack baseline)."),
+        full=("A gradient-inversion attack reconstructs the client's training inputs from the shared update well "
+              "enough to pick each true input out of a lineup of look-alikes (same class) clearly more often than "
+              "chance."),
         help_markdown=(
             "# Input reconstruction (GLEAK-IMAGES)\n\n"
-            "gleak inverted the captured gradient or model update and matched the reconstructions to the true "
-            "inputs. The severity grows with their mean PSNR: critical at >= 30 dB, high at >= 20 dB, medium "
-            "or low when it beats the no-attack baseline (each image's flat mean colour, or the other true "
-            "images) by a margin.\n\n"
+            "gleak inverted the captured gradient or model update and put each true input in a lineup with K "
+            "distractors of its class from the auxiliary data. An input is identified when its reconstruction is "
+            "more like it than like any distractor (correlation after a low-pass). The severity grows with the "
+            "identification over chance, kappa = (rate - chance) / (1 - chance): critical at >= 0.9, high at "
+            ">= 0.6, medium at >= 0.3, low at >= 0.1, and only when the rate's 95 % interval lies above chance. "
+            "PSNR, SSIM and LPIPS are reported beside it; the lineup picture shows what was identified.\n\n"
             "## Mitigations\n\n" + _MITIGATIONS),
         default_severity="high"),
     "GLEAK-LABELS-AGREE": RuleInfo(
@@ -130,6 +133,22 @@ RULES: dict[str, RuleInfo] = {
             "count intervals. The severity follows the GLEAK-LABELS thresholds but is never critical: exact "
             "recovery needs the truth.\n\n"
             "## Mitigations\n\n" + _LABEL_MITIGATIONS),
+        default_severity="medium"),
+    "GLEAK-IMAGES-EXPECTED": RuleInfo(
+        name="InputReconstructionExpected",
+        short="Without ground truth, the inputs of batches like this one are expected to be reconstructable.",
+        full=("No ground truth was available, so gleak simulated twin batches with the capture's own settings "
+              "(model, batch size, steps, optimizer, loss, train mode) from the auxiliary data, reconstructed them "
+              "with the same attack and budget, and measured how often each true input was identified in a "
+              "lineup of look-alikes."),
+        help_markdown=(
+            "# Expected input reconstruction (GLEAK-IMAGES-EXPECTED)\n\n"
+            "gleak had no ground truth for this capture. It simulated a few batches like the client's from the "
+            "auxiliary data, reconstructed them with the attack and budget the capture got, and scored each "
+            "reconstruction's identification in a lineup of same-class distractors. The finding reports the "
+            "pooled identification rate, its 95 % interval and the range one batch of this size is expected in. "
+            "The severity follows the GLEAK-IMAGES thresholds but is never critical.\n\n"
+            "## Mitigations\n\n" + _MITIGATIONS),
         default_severity="medium"),
     "GLEAK-LABELS-ABSTAINED": RuleInfo(
         name="LabelLeakageAbstained",
