@@ -90,17 +90,26 @@ def test_noisy_true_images_stay_identified_where_psnr_collapses(aux, digits) -> 
     assert identify(noisy, true, drawn, similarity="mse").rate >= 0.5  # mse too, but ncc is the default
 
 
-def test_distractors_skip_copies_of_the_true_image_and_fall_back_to_other_classes_then_the_batch(digits) -> None:
+def test_distractors_are_never_an_image_of_the_batch_and_fill_up_from_other_classes(aux, digits) -> None:
     true, labels = digits
-    pool = torch.cat([true[:1], true[1:4]])  # the first true image itself, and three others
-    pool_labels = torch.tensor([labels[0], labels[0], labels[0], labels[0]])
-    drawn = draw_distractors(true[:1], labels[:1], pool, pool_labels, k=5, seed=0)
-    assert len(drawn.images[0]) == 3  # its copy is never its own distractor
-    assert not any(torch.equal(d, true[0]) for d in drawn.images[0])
-    batch = draw_distractors(true[:4], labels[:4], None, None, k=9, seed=0)
-    assert batch.source == "the other images of the batch" and all(len(d) == 3 for d in batch.images)
-    again = draw_distractors(true[:4], labels[:4], None, None, k=9, seed=0)
-    assert all(torch.equal(a, b) for a, b in zip(batch.images, again.images, strict=True))  # seeded
+    pool = torch.cat([true[:4], aux.images[:200]])  # the batch's own images are in the pool: never drawn
+    pool_labels = torch.cat([torch.tensor(labels[:4]), aux.labels[:200]])
+    drawn = draw_distractors(true[:4], labels[:4], pool, pool_labels, k=30, seed=0)
+    for d in drawn.images:
+        assert len(d) == 30 and not any(torch.equal(x, t) for x in d for t in true[:4])
+    assert drawn.source == "aux, same class where possible" and 0 < drawn.same_class < 1  # ~20 per class in 200
+    again = draw_distractors(true[:4], labels[:4], pool, pool_labels, k=30, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(drawn.images, again.images, strict=True))  # seeded
+
+
+def test_without_aux_data_there_is_no_lineup_and_the_audit_says_why(head_capture, tmp_path: Path) -> None:
+    model, capture, truth = head_capture
+    config = AuditConfig(budget="standard", lpips="off", options={"ig": {"iterations": "5"}})
+    report, findings, notices = audit_loaded(capture, _loaded(model), [], config, truth, tmp_path)
+    entry = next(a for a in report.attacks if a.task == "reconstruct")
+    assert entry.identification is None and entry.scores is not None and entry.scores["psnr"] is not None
+    assert not any(f.rule == "GLEAK-IMAGES" for f in findings)
+    assert any(n.code == "IMAGES_NOT_IDENTIFIED" and "--aux" in n.message for n in notices)
 
 
 def test_lowpass_keeps_flat_images_and_correlation_ignores_contrast(digits) -> None:

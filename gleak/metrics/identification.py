@@ -1,13 +1,15 @@
 """Identification: can the true image be picked out of a lineup by its reconstruction?
 
 PSNR rewards a blurred average and punishes a recognisable image with a noisy background, so it says little about
-what a person sees. The audit's image metric is a lineup instead. For each true image t_j the lineup holds t_j
-and K distractors — images of the same class from the auxiliary data (or, without it, the other images of the
-batch) — so the test is one of identity, not of class. Each candidate c is scored by the similarity of the
-reconstruction the Hungarian matching pairs with it when c stands in t_j's place; t_j is identified when its
-score beats every distractor's (a tie shares the credit). Under the null hypothesis — reconstructions that carry
-nothing of the batch — the K + 1 candidates are exchangeable, so the chance of identifying t_j is exactly
-1 / (K + 1) however the reconstructions were matched; matching on the truth alone would hand it an advantage.
+what a person sees. The audit's image metric is a lineup instead. For each true image t_j the lineup holds t_j and
+K distractors — images of the same class from the auxiliary data — so the test is one of identity, not of class.
+The distractors must be independent of the batch: another image of the batch has its own reconstruction, which
+would make it look identified too, so without auxiliary data there is no lineup. Each candidate c is scored by the
+similarity of the reconstruction the Hungarian matching pairs with it when c stands in t_j's place; t_j is
+identified when its score beats every distractor's (a tie shares the credit). Under the null hypothesis —
+reconstructions that carry nothing of the batch — the K + 1 candidates are exchangeable, so the chance of
+identifying t_j is exactly 1 / (K + 1) however the reconstructions were matched; matching on the truth alone would
+hand it an advantage.
 
 The similarity (:data:`SIMILARITIES`) is the Pearson correlation of the images after a Gaussian low-pass
 (``ncc``) by default: it ignores brightness and contrast (reconstructions are often washed out) and the blur
@@ -117,32 +119,26 @@ class Distractors:
     """Per true image, the pixels of its K distractors, and where they came from."""
 
     images: list[torch.Tensor]
-    source: str  # "aux, same class" / "aux, same class where possible" / "batch"
+    source: str  # "aux, same class" / "aux, same class where possible"
     same_class: float  # the share of distractors of the true image's class
 
 
-def draw_distractors(truth: torch.Tensor, classes: Sequence[int | None], pool: torch.Tensor | None,
-                     pool_labels: torch.Tensor | None, k: int = DEFAULT_DISTRACTORS, seed: int = 0) -> Distractors:
-    """K distractors per true image [B, C, H, W], seeded: from ``pool`` (pixels, with labels) of the image's class
-    where it holds K of them, topped up from the other classes; none that duplicates the true image. Without a
-    pool, the other images of the batch (K = B − 1 at most)."""
+def draw_distractors(truth: torch.Tensor, classes: Sequence[int | None], pool: torch.Tensor,
+                     pool_labels: torch.Tensor, k: int = DEFAULT_DISTRACTORS, seed: int = 0) -> Distractors:
+    """K distractors per true image [B, C, H, W], seeded, from ``pool`` (pixels, with labels): of the image's class
+    where the pool holds K of them, topped up from the other classes; never a copy of any image of the batch
+    (its reconstruction would vouch for it)."""
+    if len(pool) == 0:
+        raise ValueError("the distractor pool is empty")
     gen = torch.Generator().manual_seed(seed)
-    out: list[torch.Tensor] = []
-    if pool is None or pool_labels is None or len(pool) == 0:
-        b = len(truth)
-        same = 0
-        for j in range(b):
-            others = torch.tensor([i for i in range(b) if i != j], dtype=torch.long)
-            chosen = others[torch.randperm(len(others), generator=gen)[: min(k, len(others))]]
-            same += sum(1 for i in chosen.tolist() if classes[i] is not None and classes[i] == classes[j])
-            out.append(truth[chosen])
-        total = sum(len(d) for d in out)
-        return Distractors(out, "the other images of the batch", same / total if total else 0.0)
     flat_pool = pool.double().flatten(1)
+    copies = torch.zeros(len(pool), dtype=torch.bool)
+    for image in truth:
+        copies |= ((flat_pool - image.double().flatten()) ** 2).mean(1) < DUPLICATE_MSE
+    allowed = ~copies
+    out: list[torch.Tensor] = []
     same = total = 0
-    for j, image in enumerate(truth):
-        duplicate = ((flat_pool - image.double().flatten()) ** 2).mean(1) < DUPLICATE_MSE
-        allowed = ~duplicate
+    for j in range(len(truth)):
         label = classes[j]
         if label is None:
             own, rest = torch.empty(0, dtype=torch.long), torch.nonzero(allowed).flatten()

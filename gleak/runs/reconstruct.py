@@ -214,10 +214,12 @@ def run_reconstruct(request: ReconstructRequest,
         from gleak.report.images import lineup_picture
         from gleak.runs.scoring import identification_of
 
-        ident, drawn = identification_of(ctx, done.images, done.truth_pixels, inputs.truth, DEFAULT_DISTRACTORS,
-                                         request.inputs.seed)
-        lineup = lineup_picture(done.images, done.truth_pixels, drawn.images, ident.matched, ident.scores)
-        identification = ident.to_json()
+        found = identification_of(ctx, done.images, done.truth_pixels, inputs.truth, DEFAULT_DISTRACTORS,
+                                  request.inputs.seed)
+        if found is not None:
+            ident, drawn = found
+            lineup = lineup_picture(done.images, done.truth_pixels, drawn.images, ident.matched, ident.scores)
+            identification = ident.to_json()
     report = ReconstructReport(
         gleak_version=__version__, capture=str(request.inputs.capture), model=str(request.inputs.model.path),
         attack=chosen.name, paper=chosen.paper, options=result.options or {}, batch_size=ctx.batch_size,

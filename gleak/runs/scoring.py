@@ -106,14 +106,20 @@ def truth_classes(truth: Truth) -> list[int | None]:
     return [int(c) for c in top.tolist()]
 
 
+NO_LINEUP = ("identification needs auxiliary data (--aux) of the capture's inputs for distractors: another image "
+             "of the batch has its own reconstruction and cannot stand in a lineup")
+
+
 def identification_of(ctx: Context, images: torch.Tensor, truth_pixels: torch.Tensor, truth: Truth,
-                      distractors: int, seed: int, similarity: str | None = None) -> tuple[Identification, Distractors]:
+                      distractors: int, seed: int, similarity: str | None = None,
+                      ) -> tuple[Identification, Distractors] | None:
     """The lineup of every true image (:mod:`gleak.metrics.identification`): its K ``distractors`` drawn (seeded)
-    from ``ctx``'s auxiliary data, of the true image's class where it has enough, else from the batch."""
+    from ``ctx``'s auxiliary data, of the true image's class where it has enough; None without fitting aux data
+    (:data:`NO_LINEUP` says why)."""
     from gleak.metrics.identification import DEFAULT_SIMILARITY, draw_distractors, identify
 
     aux = ctx.aux
-    pool = aux.images if aux is not None and tuple(aux.images.shape[1:]) == tuple(truth_pixels.shape[1:]) else None
-    drawn = draw_distractors(truth_pixels, truth_classes(truth), pool, aux.labels if pool is not None and aux else None,
-                             distractors, seed)
+    if aux is None or tuple(aux.images.shape[1:]) != tuple(truth_pixels.shape[1:]):
+        return None
+    drawn = draw_distractors(truth_pixels, truth_classes(truth), aux.images, aux.labels, distractors, seed)
     return identify(images, truth_pixels, drawn, similarity or DEFAULT_SIMILARITY), drawn

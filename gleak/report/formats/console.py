@@ -224,7 +224,10 @@ def print_reconstruct(console: Console, data: Mapping[str, Any], written: Sequen
         if m["lpips"] is None:
             console.print(f"[yellow]LPIPS not computed:[/] {m['lpips_info'].get('unavailable')}", soft_wrap=True)
         ident = data.get("identification")
-        if ident:
+        if not ident:
+            console.print("[dim]identification not scored: it needs --aux data for distractors (lineup.png)[/]",
+                          soft_wrap=True)
+        else:
             low, high = ident["interval"]
             console.print(f"[bold]identification:[/] {ident['identified']:g} of {ident['n']} true images picked out "
                           f"of lineups of {ident['distractors'] + 1} (rate {ident['rate']:.2f}, "

@@ -28,7 +28,7 @@ from gleak.runs.audit.findings import expected_image_finding, image_finding, lab
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
 from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
-from gleak.runs.scoring import finite, identification_of
+from gleak.runs.scoring import NO_LINEUP, finite, identification_of
 
 CaptureResult = tuple[CaptureReport, list[Finding], list[Notice]]
 
@@ -125,6 +125,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
         notices.append(Notice(code="RECONSTRUCTION_SKIPPED", capture=path, message=skipped))
     if entry is not None:
         report.attacks.append(entry)
+        if truth is not None and entry.scores and entry.identification is None:
+            notices.append(Notice(code="IMAGES_NOT_IDENTIFIED", capture=path, message=NO_LINEUP))
         image = image_finding(report, entry, config.thresholds)
         if image is not None:
             findings.append(image)
@@ -199,13 +201,13 @@ def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir
     identification = lineup = None
     if done.scored is not None and done.truth_pixels is not None and truth is not None:
         mean = done.scored.metrics["mean"]
-        identification, drawn = identification_of(ctx, done.images, done.truth_pixels, truth, config.lineup,
-                                                  config.seed)
-        scores = {"identification": round(identification.rate, 4),
-                  "identification_chance": round(identification.chance, 4),
-                  "psnr": finite(mean.get("psnr")), "ssim": finite(mean.get("ssim")),
+        scores = {"psnr": finite(mean.get("psnr")), "ssim": finite(mean.get("ssim")),
                   "lpips": finite(mean.get("lpips"))}
-        lineup = (identification, drawn)
+        lineup = identification_of(ctx, done.images, done.truth_pixels, truth, config.lineup, config.seed)
+        if lineup is not None:
+            identification = lineup[0]
+            scores = {"identification": round(identification.rate, 4),
+                      "identification_chance": round(identification.chance, 4), **scores}
     if out_dir is not None:
         from gleak.io import write_bytes_atomic
         from gleak.report.images import grid, lineup_picture, png_bytes

@@ -231,6 +231,8 @@ NOTICE_CODES = {
     "ATTACK_ERROR": "an attack raised an unexpected error (recorded; the audit went on)",
     "RECONSTRUCTION_SKIPPED": "the budget's reconstruction did not run (the message says why)",
     "LABELS_UNINFORMATIVE": "without truth, no label attack beats chance on batches simulated like this capture's",
+    "IMAGES_NOT_IDENTIFIED": "reconstructions with truth but no auxiliary data for a lineup: no identification, no "
+                             "image finding (PSNR, SSIM and LPIPS are reported)",
     "IMAGES_NOT_EXPECTED": "without truth, the expected image leakage was not simulated (the message says why)",
     "LPIPS_UNAVAILABLE": "LPIPS could not be computed (the message says why); identification, PSNR and SSIM were",
     "BATCH_SIZE_CONTRADICTED": "the capture's tensors show more examples or labels than its recorded batch size",
