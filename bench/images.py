@@ -274,7 +274,9 @@ def expected(aux: Dataset, client: Dataset, batches: int = 5) -> dict[str, Any]:
             attack.configure({"iterations": 500})
             done = reconstruct(ctx, attack, "auto", truth, lpips="off")
             assert done.images is not None and done.truth_pixels is not None
-            measured, _ = identification_of(ctx, done.images, done.truth_pixels, truth, 9, 0)
+            found = identification_of(ctx, done.images, done.truth_pixels, truth, 9, 0)
+            assert found is not None
+            measured = found[0]
             exp, why = expected_images(ctx, config, "ig", {"iterations": 500})
             assert exp is not None, why
             lo, hi = exp["predicted"]

@@ -62,7 +62,11 @@ def expected_images(ctx: Context, config: AuditConfig, attack: str,
         if not done.ok or done.images is None or done.truth_pixels is None:
             problems.append(done.result.reason or done.result.status)
             continue
-        ident, _ = identification_of(twin, done.images, done.truth_pixels, truth, config.lineup, seed)
+        found = identification_of(twin, done.images, done.truth_pixels, truth, config.lineup, seed)
+        if found is None:  # the twin's context holds the other half of the aux data: never here
+            problems.append("no distractors")
+            continue
+        ident = found[0]
         credits += ident.credits
         chances += [1 / len(s) for s in ident.scores]
         per_twin.append(round(ident.rate, 4))
