@@ -191,7 +191,6 @@ def graded(aux: Dataset, client: Dataset, lpips: Any) -> dict[str, Any]:
     ident = identify(recon, true, drawn)
     (OUT / "images-graded-lineup.png").write_bytes(png_bytes(lineup_picture(recon, true, drawn.images, ident.matched,
                                                                             ident.scores, rows=8)))
-    _chart(rows, list(levels))
     return {"levels": rows, "spearman": rho, "misordered": wrong, "order": {"noise": noise_chain,
                                                                           "iterations": iter_chain, "null": nulls}}
 
@@ -214,7 +213,8 @@ def _chart(rows: dict[str, dict[str, float]], names: list[str]) -> None:
     left.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
     title = "Graded set: identification follows the known order, PSNR does not"
     left.set_title(title)
-    fig.legend(loc="upper right", fontsize=8)
+    handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    left.legend(handles, [str(h.get_label()) for h in handles], loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(OUT / "images-graded.png", dpi=110, metadata={"Title": title,
                                                                "Description": "identification rate and PSNR per level "
@@ -310,6 +310,7 @@ def write(results: dict[str, Any]) -> None:
              "docstring of bench/images.py; the metric: docs/audit.md#image-findings.", ""]
     g = results.get("graded")
     if g:
+        _chart(g["levels"], list(g["levels"]))
         lines += ["## Graded set (16 MNIST digits, lineups of 10, 5 distractor draws)", "",
                   "| level | PSNR dB | SSIM | LPIPS | id ncc | id ssim | id lpips | id mse |",
                   "|---|---|---|---|---|---|---|---|"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from gleak.cli import app
@@ -35,3 +37,13 @@ def gleak():
         return Result(result.exit_code, result.stdout, result.stderr)
 
     return run
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op torch thread for the test (gleak's CLI default): small forward and double-backward passes are as
+    fast, and immune to a busy machine. Modules use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

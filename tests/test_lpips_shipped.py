@@ -35,13 +35,7 @@ def lpips_imported() -> None:
     import lpips  # noqa: F401
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small forward passes: one intra-op thread is as fast and immune to a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -33,13 +33,7 @@ SMOOTHING = SAMPLES / "captures/smoothing_1.safetensors"
 CIFAR_B8 = SAMPLES / "captures/cifar10_b8.safetensors"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small double-backward workloads: one intra-op thread is as fast and immune to a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def noisy(x: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:

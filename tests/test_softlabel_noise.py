@@ -5,7 +5,6 @@ metadata unchanged (bench/softlabel.py --relative-noise measures the same at sca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,13 +31,7 @@ def add_noise(cap: Capture, sigma: float, seed: int) -> Capture:
     return cap
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """gleak's default (the CLI's --threads); torch's own default pays milliseconds per small batched op."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,10 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
         if image is not None:
             findings.append(image)
     stages["reconstruction"] = round(time.perf_counter() - mark, 6)
+    if truth is None and (entry is None or entry.status != "ok") and config.budget == "quick":
+        why = expected_images(ctx, config, "")[1]  # says the budget skips it
+        if why:
+            notices.append(Notice(code="IMAGES_NOT_EXPECTED", capture=path, message=why))
     if truth is None and entry is not None and entry.status == "ok":
         mark = time.perf_counter()
         _name, bounds, _skipped = reconstruction_plan(ctx, config.budget)
