@@ -77,3 +77,71 @@ def test_ray_executor_without_ray_says_how_to_install_it(gleak, monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     r = gleak("audit", SAMPLES / "captures" / "fedsgd_b8.safetensors", "-M", LENET, "--executor", "ray")
     assert r.exit_code == 2 and "pip install -e '.[ray]'" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ the model store
+def _run_folder(root: Path, rounds: int, pt2: bool = False) -> Path:
+    """A small FL run on disk: one LeNet-5 per round (the last one a torch.export program when ``pt2``) and one
+    FedSGD capture of 8 MNIST digits made with it, with its truth."""
+    import torch
+
+    from gleak.capture import save_capture
+    from gleak.models import build_zoo_model, save_model
+    from gleak.simulate import ClientConfig, simulate_client
+
+    (root / "models").mkdir(parents=True)
+    (root / "captures").mkdir()
+    client = load_dataset(SAMPLES / "data" / "mnist_client.safetensors")
+    for r in range(rounds):
+        torch.manual_seed(r)
+        model = build_zoo_model("lenet")
+        if pt2 and r == rounds - 1:
+            program = torch.export.export(model.eval(), (torch.zeros(2, 1, 28, 28),),
+                                          dynamic_shapes=({0: torch.export.Dim("batch")},))
+            torch.export.save(program, root / "models" / f"round-{r:04d}.pt2")
+        else:
+            save_model(model, root / "models" / f"round-{r:04d}.safetensors", "lenet")
+        capture, truth = simulate_client(model, client, ClientConfig(batch_size=8, seed=r))
+        save_capture(capture, root / "captures" / f"round-{r:04d}.safetensors", truth=truth)
+    return root
+
+
+def test_models_are_indexed_once_and_loaded_when_a_capture_needs_them(tmp_path: Path) -> None:
+    from gleak.runs.audit.setup import find_models
+
+    root = _run_folder(tmp_path / "run", rounds=5)
+    config = AuditConfig(lpips="off", confidence=0, model_cache=2)
+    files = find_models([root / "models" / "round-*.safetensors"])  # a glob, as the shell would pass it quoted
+    assert [p.name for p in files] == [f"round-{r:04d}.safetensors" for r in range(5)]
+    store = ModelSet.load(files, config)
+    assert store.loads == 5 and len(set(store.index.values())) == 5  # each hashed once, one at a time
+    again = ModelSet.load(files, config)
+    assert again.loads == 0  # unchanged files are not read again in this process
+    for r in range(5):
+        report, _, _ = audit_capture(root / "captures" / f"round-{r:04d}.safetensors", again, [], config)
+        assert report.status == "ok" and report.model is not None and report.model.path.endswith(f"round-{r:04d}"
+                                                                                                 ".safetensors")
+        assert len(again._lru) <= 2  # never more than --model-cache models in memory
+    assert again.loads == 5
+
+
+def test_model_cache_and_globs_are_checked(gleak, tmp_path: Path) -> None:
+    r = gleak("audit", SAMPLES / "captures" / "fedsgd_b8.safetensors", "-M", tmp_path / "nothing-*.safetensors")
+    assert r.exit_code == 2 and "no file matches this pattern" in r.stderr
+    r = gleak("audit", SAMPLES / "captures" / "fedsgd_b8.safetensors", "-M", LENET, "--model-cache", "0")
+    assert r.exit_code == 2 and "--model-cache" in r.stderr
+
+
+@pytest.mark.integration
+def test_ray_loads_every_model_format_in_its_workers_and_agrees_with_local(gleak, tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="gleak[ray] not installed")
+    root = _run_folder(tmp_path / "run", rounds=3, pt2=True)  # two .safetensors + arch metadata, one .pt2
+    args = ("audit", root / "captures", "-M", root / "models", "--lpips", "off", "--format", "json",
+            "--fail-on", "none", "--confidence", "0")
+    local = gleak(*args, "--jobs", "2")
+    on_ray = gleak(*args, "--executor", "ray", "--jobs", "2")
+    assert local.exit_code == 0 and on_ray.exit_code == 0, (local.stderr, on_ray.stderr)
+    a, b = json.loads(local.stdout), json.loads(on_ray.stdout)
+    assert a["findings"] == b["findings"] and len(a["findings"]) >= 3
+    assert [c["model"]["path"] for c in a["captures"]] == [c["model"]["path"] for c in b["captures"]]
+    assert any(c["model"]["path"].endswith(".pt2") for c in b["captures"])

@@ -82,6 +82,9 @@ def audit(
                                             "ground truth: calibrate the label attacks on this many batches "
                                             "simulated from --aux like the capture's (GLEAK-LABELS-EXPECTED; 0: "
                                             "off).")] = 24,
+    model_cache: Annotated[int, typer.Option("--model-cache", callback=number(1, 1000), help="Models kept loaded "
+                                             "at once; the others are loaded when a capture needs them (memory "
+                                             "stays flat over many rounds).")] = 4,
     lineup: Annotated[int, typer.Option("--lineup", callback=number(1, 99), help="Distractors beside each true "
                                         "image in the identification lineup of GLEAK-IMAGES (chance 1 / "
                                         "(K + 1)).")] = 9,
@@ -161,6 +164,7 @@ def audit(
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
                          confidence=confidence, max_memory=gigabytes(max_memory), lineup=lineup,
+                         model_cache=model_cache,
                          trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])

@@ -14,7 +14,7 @@ from gleak import __version__
 from gleak.report.model import ExecutorName, Report
 from gleak.runs.audit.capture import CaptureResult
 from gleak.runs.audit.executors import WorkerSetup, run_captures
-from gleak.runs.audit.setup import AuditConfig, find_captures, find_models
+from gleak.runs.audit.setup import AuditConfig, ModelSet, find_captures, find_models
 from gleak.runs.inputs import resolve_device
 
 
@@ -34,7 +34,10 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
     report = Report(gleak_version=__version__, command=list(config.command), budget=config.budget,
                     fail_on=config.fail_on, seed=config.seed, device=str(resolve_device(config.device)),
                     threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs, executor=executor)
-    setup = WorkerSetup(tuple(model_files), tuple(aux_paths), config, torch.get_num_threads())
+    store = ModelSet.load(model_files, config)  # every file hashed once, one model in memory at a time
+    setup = WorkerSetup(tuple(model_files), tuple(aux_paths), config, torch.get_num_threads(),
+                        tuple(store.index.items()))
+    del store
     results: list[CaptureResult | None] = [None] * len(files)
     for done, (i, result) in enumerate(run_captures(files, setup, out_dir, executor, jobs, address)):
         results[i] = result

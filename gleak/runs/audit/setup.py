@@ -5,6 +5,7 @@ weights' hash and picks the auxiliary data that fits it."""
 from __future__ import annotations
 
 import typing
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,8 @@ EXPECTED_TWINS: dict[str, int] = {"quick": 0, "standard": 2, "full": 4}
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
 CAPTURE_KINDS = ("gradient", "update")
 FORWARD_CACHE_ENTRIES = 8  # (model, aux, mode) combinations whose aux forwards an audit keeps
+DEFAULT_MODEL_CACHE = 4  # models kept loaded at once (--model-cache); the others are loaded when needed
+GLOB_CHARACTERS = frozenset("*?[")
 
 
 @dataclass
@@ -49,10 +52,13 @@ class AuditConfig:
     confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
     max_memory: int | None = None  # bytes an attack may add (None: half the memory available when set up)
     lineup: int = 9  # K distractors beside each true image in the identification lineup (chance 1 / (K + 1))
+    model_cache: int = DEFAULT_MODEL_CACHE  # models kept loaded at once; others are loaded when a capture needs them
 
     def __post_init__(self) -> None:
         choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
         choose(self.fail_on, FAIL_ON, "--fail-on")
+        if self.model_cache < 1:
+            raise GleakError(f"--model-cache must be ≥ 1, got {self.model_cache}")
         if not 1 <= self.lineup <= 99:
             raise GleakError(f"--lineup must be between 1 and 99 distractors, got {self.lineup}")
         if self.max_memory is None:  # once, when the audit is set up: every capture gets the same budget
@@ -83,7 +89,8 @@ def find_captures(paths: Sequence[Path]) -> list[Path]:
 
 
 def find_models(paths: Sequence[Path]) -> list[Path]:
-    """Model files named directly, and every model-like file in the directories (captures and data excluded)."""
+    """Model files named directly, matched by a glob (``runs/*/global.safetensors``; quote it in the shell), and
+    every model-like file in the directories (captures and data excluded); each once, in the order found."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -91,26 +98,93 @@ def find_models(paths: Sequence[Path]) -> list[Path]:
                       and (p.suffix.lower() != ".safetensors" or safetensors_kind(p) is None)]
         elif path.exists():
             found.append(path)
+        elif GLOB_CHARACTERS & set(str(path)):
+            import glob
+
+            matched = [Path(m) for m in sorted(glob.glob(str(path), recursive=True)) if Path(m).is_file()]
+            if not matched:
+                raise GleakError(f"--model {path}: no file matches this pattern")
+            found += matched
         else:
             raise GleakError(f"{path}: no such file or directory")
     if not found:
         hint = next((f" (global models saved by gleak.integrations are in {p / 'models'}: pass that folder)"
                      for p in paths if p.is_dir() and (p / "models").is_dir()), "")
         raise GleakError("no model files found in " + ", ".join(str(p) for p in paths) + hint)
-    return found
+    return list(dict.fromkeys(found))
+
+
+# (resolved path, size, mtime, arch, arch kwargs) -> the weights' sha256: each file is hashed once per process
+_HASHES: dict[tuple[str, int, int, str | None, str | None], str] = {}
+
+
+def _file_key(path: Path, config: AuditConfig | None) -> tuple[str, int, int, str | None, str | None] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns, config.arch if config else None,
+            config.arch_kwargs if config else None)
 
 
 @dataclass
 class ModelSet:
-    """The models given, loaded once, indexed by the tensor hash captures record (gleak.model.sha256)."""
+    """The models of an audit, indexed by the hash of their weights (what captures record as gleak.model.sha256)
+    and loaded on demand.
 
-    models: list[tuple[Path, LoadedModel]]
+    ``files`` are indexed once, one model in memory at a time (a bad file fails here, before any capture is read;
+    a file already hashed in this process, unchanged in size and modification time, is not read again); then a
+    capture's model is loaded when the capture needs it and kept in a small LRU of ``cache_size`` models, so
+    memory does not grow with the number of rounds. ``models`` are models already in memory (library callers,
+    e.g. an FL server's current global model): always kept."""
+
+    models: list[tuple[Path, LoadedModel]] = field(default_factory=list)
     # aux-set forwards shared by every capture audited with the same model, aux data and forward mode
     forward_cache: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
+    files: list[Path] = field(default_factory=list)
+    config: AuditConfig | None = None
+    cache_size: int = DEFAULT_MODEL_CACHE
+    index: dict[Path, str] = field(default_factory=dict)  # file -> weights sha256
+    loads: int = 0  # models loaded from files so far (indexing included)
+    _lru: OrderedDict[Path, LoadedModel] = field(default_factory=OrderedDict, repr=False)
 
     @classmethod
-    def load(cls, paths: Sequence[Path], config: AuditConfig) -> ModelSet:
-        return cls([(p, load_model(p, config.arch, config.arch_kwargs, config.trust_pickle)) for p in paths])
+    def load(cls, paths: Sequence[Path], config: AuditConfig,
+             index: Mapping[Path, str] | None = None) -> ModelSet:
+        """The store for ``paths``; indexed here unless ``index`` (from an earlier indexing) is given."""
+        store = cls(files=list(paths), config=config, cache_size=max(1, config.model_cache))
+        if index is not None:
+            store.index.update(index)
+        for path in store.files:
+            if path not in store.index:
+                store._index_file(path)
+        return store
+
+    def _index_file(self, path: Path) -> None:
+        key = _file_key(path, self.config)
+        if key is not None and key in _HASHES:
+            self.index[path] = _HASHES[key]
+            return
+        loaded = self.get(path)
+        self.index[path] = loaded.weights_sha256
+        if key is not None:
+            _HASHES[key] = loaded.weights_sha256
+
+    def get(self, path: Path) -> LoadedModel:
+        """The model in ``path``: from the LRU, or loaded (evicting the least recently used past cache_size)."""
+        if path in self._lru:
+            self._lru.move_to_end(path)
+            return self._lru[path]
+        config = self.config or AuditConfig()
+        loaded = load_model(path, config.arch, config.arch_kwargs, config.trust_pickle)
+        self.loads += 1
+        self._lru[path] = loaded
+        while len(self._lru) > self.cache_size:
+            self._lru.popitem(last=False)
+        return loaded
+
+    def __len__(self) -> int:
+        return len(self.models) + len(self.files)
 
     def match(self, capture: Capture) -> tuple[Path, LoadedModel]:
         recorded = capture.get("gleak.model.sha256")
@@ -118,14 +192,22 @@ class ModelSet:
             for path, loaded in self.models:
                 if loaded.weights_sha256 == recorded:
                     return path, loaded
-            if len(self.models) == 1:
-                return self.models[0]  # build_context then refuses it unless --allow-model-mismatch
-            raise GleakError(f"none of the {len(self.models)} models has the weights this capture was made with "
+            for path, sha in self.index.items():
+                if sha == recorded:
+                    return path, self.get(path)
+            if len(self) == 1:
+                return self._only()  # build_context then refuses it unless --allow-model-mismatch
+            raise GleakError(f"none of the {len(self)} models has the weights this capture was made with "
                              f"(gleak.model.sha256 {recorded[:12]}…)")
-        if len(self.models) == 1:
-            return self.models[0]
+        if len(self) == 1:
+            return self._only()
         raise GleakError("the capture records no gleak.model.sha256 and several models were given: audit it "
                          "with its one model")
+
+    def _only(self) -> tuple[Path, LoadedModel]:
+        if self.models:
+            return self.models[0]
+        return self.files[0], self.get(self.files[0])
 
 
 def pick_aux(auxes: Sequence[tuple[Path, Dataset]], input_shape: tuple[int, ...] | None,

@@ -22,19 +22,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """What every worker loads once: the model files, the auxiliary data, the config, torch's thread count."""
+    """What every worker starts from — paths, never model objects (a torch.export program cannot be pickled, and
+    a run's hundred global models need not travel): the model files with the index of their weights' hashes,
+    the auxiliary data files, the config, torch's thread count. Each worker loads the aux data once and a model
+    when a capture needs it (:class:`~gleak.runs.audit.setup.ModelSet`)."""
 
     model_files: tuple[Path, ...]
     aux_paths: tuple[Path, ...]
     config: AuditConfig
     threads: int
+    index: tuple[tuple[Path, str], ...] | None = None  # (file, weights sha256), from the driver's indexing
 
     def load(self) -> tuple[ModelSet, list[tuple[Path, Dataset]]]:
-        """The models and the aux data, loaded (bad files fail here with a GleakError)."""
+        """The model store and the aux data (bad files fail here with a GleakError)."""
         from gleak.data import load_dataset
         from gleak.runs.audit.setup import ModelSet
 
-        return ModelSet.load(self.model_files, self.config), [(p, load_dataset(p)) for p in self.aux_paths]
+        index = dict(self.index) if self.index is not None else None
+        return (ModelSet.load(self.model_files, self.config, index),
+                [(p, load_dataset(p)) for p in self.aux_paths])
 
 
 def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, executor: ExecutorName = "local",

@@ -1,10 +1,12 @@
 """The Ray executor (``gleak audit --executor ray [--address ADDR]``; the ``ray`` extra: ``pip install -e
 '.[ray]'`` from a clone).
 
-The models and auxiliary data are loaded once here and put in Ray's object store once; one actor per worker
-(``--jobs``, default one per CPU of the cluster) takes them from there once, then audits captures by path, one
-task per capture, at most two in flight per actor, results streamed back as they finish. Workers read the
-captures (and write image grids) at the paths given: on a multi-machine cluster use a shared filesystem.
+The models and auxiliary data are checked once here; each actor (``--jobs``, default one per CPU of the cluster)
+gets their paths and the index of the models' hashes — never model objects: a torch.export program cannot be
+pickled, and a run's hundred global models need not travel — loads the aux data once and a model when a capture
+needs it, with the same safe loaders as the local executor, then audits captures by path, one task per capture,
+at most two in flight per actor, results streamed back as they finish. Workers read the captures and models
+(and write image grids) at the paths given: on a multi-machine cluster use a shared filesystem.
 Without ``--address`` (and without ``RAY_ADDRESS``) a local Ray instance is started for the run and stopped
 after it."""
 
@@ -24,16 +26,18 @@ if TYPE_CHECKING:
     from gleak.runs.audit.capture import CaptureResult
     from gleak.runs.audit.executors import WorkerSetup
 
-LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # a local instance: enough for the models, fits a small /dev/shm
+LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024  # a local instance: results only, fits a small /dev/shm
 IN_FLIGHT_PER_WORKER = 2
 
 
 class AuditActor:
-    """One Ray worker: the models and aux data from the object store, taken once; then one capture per call."""
+    """One Ray worker: the aux data loaded once and the model store (models loaded on demand); then one capture
+    per call."""
 
-    def __init__(self, shared: tuple[Any, Any, Any], threads: int) -> None:
-        torch.set_num_threads(threads)
-        self.models, self.auxes, self.config = shared
+    def __init__(self, setup: WorkerSetup) -> None:
+        torch.set_num_threads(setup.threads)
+        self.models, self.auxes = setup.load()
+        self.config = setup.config
 
     def audit(self, path: Path, out_dir: Path | None) -> CaptureResult:
         from gleak.runs.audit.capture import audit_capture
@@ -53,20 +57,15 @@ def _import_ray() -> Any:
 def run_ray(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, jobs: int,
             address: str | None) -> Iterator[tuple[int, CaptureResult]]:
     ray = _import_ray()
-    models, auxes = setup.load()  # bad inputs fail here, before Ray starts
+    setup.load()  # bad inputs fail here, before Ray starts
     started_here = not ray.is_initialized()
     if started_here:
         _init(ray, address, jobs)
     actors: list[Any] = []
     try:
-        try:
-            shared = ray.put((models, auxes, setup.config))
-        except Exception as e:  # e.g. a model object that cannot be pickled
-            raise GleakError(f"cannot send the models and aux data to Ray workers: {shorten(str(e), 200)}") from None
-        del models, auxes
         workers = jobs if jobs > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
         remote = ray.remote(num_cpus=1)(AuditActor)
-        actors = [remote.remote(shared, setup.threads) for _ in range(workers)]
+        actors = [remote.remote(setup) for _ in range(workers)]
         yield from _stream(ray, actors, files, out_dir)
     finally:
         for actor in actors:
@@ -131,5 +130,10 @@ def _stream(ray: Any, actors: list[Any], files: Sequence[Path],
         ref = done[0]
         i, slot = pending.pop(ref)
         load[slot] -= 1
-        yield i, ray.get(ref)
+        try:
+            result = ray.get(ref)
+        except Exception as e:  # the worker died, or could not load what it was given (its first line says why)
+            why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise GleakError(f"a Ray worker failed: {shorten(why, 300)}") from None
+        yield i, result
         submit()
