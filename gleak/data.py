@@ -19,7 +19,15 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from gleak.errors import GleakError
-from gleak.io import MAX_INPUT_ELEMENTS, check_input_dir, check_input_file, read_safetensors, save_safetensors
+from gleak.io import (
+    MAX_INPUT_ELEMENTS,
+    check_input_dir,
+    check_input_file,
+    probe_input,
+    read_safetensors,
+    save_safetensors,
+    show,
+)
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -121,8 +129,11 @@ def load_dataset(path: str | Path, mean: Sequence[float] | None = None, std: Seq
                  image_size: int | None = None) -> Dataset:
     """Load a safetensors dataset or an image folder; ``mean``/``std`` override the file's normalisation."""
     p = Path(path)
-    ds = _load_image_folder(check_input_dir(p, "data folder"), image_size) if p.is_dir() else _load_tensor_file(
-        check_input_file(p, "data set"))
+    # probe_input, not p.is_dir(): that raises OSError for a name longer than the file system allows (exit 3)
+    if probe_input(p, "data set") == "dir":
+        ds = _load_image_folder(check_input_dir(p, "data folder"), image_size)
+    else:
+        ds = _load_tensor_file(check_input_file(p, "data set"))
     if mean is not None:
         ds.mean = tuple(mean)
     if std is not None:
@@ -161,14 +172,24 @@ def _load_tensor_file(p: Path) -> Dataset:
     return Dataset(images.contiguous(), labels.long(), mean, std, classes, str(p), meta)
 
 
+def _list_folder(folder: Path, folders: bool = False) -> list[Path]:
+    """The entries of a folder of the data set (only its sub-folders with ``folders``; hidden ones left out then),
+    sorted; a folder that may not be read is a GleakError, not an OSError."""
+    try:
+        entries = sorted(folder.iterdir())
+        return [d for d in entries if not d.name.startswith(".") and d.is_dir()] if folders else entries
+    except OSError as exc:
+        raise GleakError(f"cannot read data folder {show(folder)}: {exc.strerror or type(exc).__name__}") from None
+
+
 def _load_image_folder(root: Path, image_size: int | None) -> Dataset:
-    class_dirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    class_dirs = _list_folder(root, folders=True)
     if not class_dirs:
         raise GleakError(f"{root}: an image folder needs one sub-folder per class; none found")
     pictures: list[Image.Image] = []
     labels: list[int] = []
     for index, d in enumerate(class_dirs):
-        for f in sorted(d.iterdir()):
+        for f in _list_folder(d):
             if f.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             check_input_file(f, "image")

@@ -15,7 +15,7 @@ import struct
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import torch
 from safetensors import safe_open
@@ -36,6 +36,33 @@ def show(path: str | os.PathLike[str]) -> str:
 
 def _os_error(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
+
+
+def probe_input(path: str | os.PathLike[str], what: str) -> Literal["dir", "file"] | None:
+    """What is at an input path (symlinks followed): ``"dir"`` for a folder, ``"file"`` for anything else
+    (:func:`check_input_file` then says whether gleak may read it), None for nothing.
+
+    Use it instead of ``Path.exists()`` / ``is_dir()`` on a path the user named: those raise OSError for a name
+    longer than the file system allows (ENAMETOOLONG) or one that may not be looked up (EACCES); here any such
+    error is a one-line GleakError naming the (shortened) path, and a symlink loop (ELOOP) is one too, not
+    "no such file"."""
+    try:
+        info = Path(path).stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise GleakError(f"cannot read {what} {show(path)}: {_os_error(exc)}") from None
+    return "dir" if stat.S_ISDIR(info.st_mode) else "file"
+
+
+def companion_exists(path: str | os.PathLike[str]) -> bool:
+    """Whether an optional companion file is there (e.g. ``NAME.truth.safetensors`` beside a capture): a name
+    the file system cannot hold (a capture name near the length limit plus ``.truth``) or cannot look up counts
+    as absent, where ``Path.exists()`` would raise OSError."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
 
 
 def check_input_file(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_INPUT_BYTES) -> Path:

@@ -404,3 +404,110 @@ def test_divergent_optimizer_settings_are_not_applicable(gleak, env) -> None:
     r = gleak("labels", cap, "--model", LENET, "--aux", MNIST_AUX, "-a", "rlu", "--no-truth", "--format", "json")
     assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "≥ 1" in json.loads(r.stdout)["results"][0]["reason"]
+
+
+# ------------------------------------------------------------------------- 6. paths the OS refuses (issue 28)
+
+FEDSGD_B8 = SAMPLES / "captures/fedsgd_b8.safetensors"
+ROLES = ["capture", "model", "aux"]
+COMMANDS = ["audit", "labels", "inspect", "reconstruct"]
+
+
+def _args(command: str, role: str, bad: Path, out: Path) -> list[object]:
+    """``command`` with ``bad`` as its capture, --model or --aux (every other input a shipped sample)."""
+    capture = bad if role == "capture" else FEDSGD_B8
+    model = bad if role == "model" else LENET
+    args: list[object] = [command, capture, "--model", model]
+    if role == "aux":
+        args += ["--aux", bad]
+    if command == "reconstruct":
+        args += ["-o", out / "r"]
+    return args
+
+
+CASES = [(c, r) for c in COMMANDS for r in ROLES if r != "aux" or c in ("audit", "labels")]
+
+
+@pytest.mark.parametrize("command, role", CASES, ids=[f"{c}-{r}" for c, r in CASES])
+def test_file_names_longer_than_the_system_allows(gleak, env, command, role) -> None:
+    """A 300-character file name: stat() fails with ENAMETOOLONG (Path.exists() and is_dir() raise it too), which
+    used to end in exit 3 ("internal error: OSError File name too long") for audit and for --aux."""
+    bad = env["in"] / ("x" * 300 + ".safetensors")
+    r = gleak(*_args(command, role, bad, env["out"]))
+    assert_refused(r, "cannot read", "characters)", out=env["out"])  # the path named, shortened
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink") or sys.platform == "win32", reason="needs POSIX symbolic links")
+@pytest.mark.parametrize("command, role", [("audit", "capture"), ("audit", "model"), ("audit", "aux"),
+                                           ("labels", "aux"), ("labels", "model")])
+def test_symlink_loops_are_named(gleak, env, command, role) -> None:
+    """ELOOP: a link to itself is reported as unreadable (not "no such file", not exit 3)."""
+    loop = env["in"] / "loop.safetensors"
+    loop.symlink_to(loop)
+    assert_refused(gleak(*_args(command, role, loop, env["out"])), "cannot read", str(loop), out=env["out"])
+
+
+@pytest.mark.parametrize("command", ["inspect", "labels", "audit"])
+def test_capture_named_near_the_length_limit(gleak, env, command) -> None:
+    """A capture whose own name fits but whose truth companion (NAME.truth.safetensors) would not: the companion
+    is simply absent (looking it up raised ENAMETOOLONG: exit 3)."""
+    capture = env["in"] / ("c" * 240 + ".safetensors")
+    capture.write_bytes(FEDSGD_B8.read_bytes())
+    args = [command, capture, "--model", LENET] + (["--fail-on", "none"] if command == "audit" else [])
+    r = gleak(*args)
+    assert r.exit_code == 0, r.stderr
+
+
+def _whole_module(path: Path, how: str) -> Path:
+    module = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+    if how == "torch.save":
+        torch.save(module, path)
+    elif how == "torch.save-protocol-4":
+        torch.save(module, path, pickle_protocol=4)
+    elif how == "torch.save-legacy":
+        torch.save(module, path, _use_new_zipfile_serialization=False)
+    else:  # a plain pickle: torch's safe unpickler cannot read protocol 4+, and warned about it
+        import pickle
+
+        with path.open("wb") as f:
+            pickle.dump(module, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+PICKLES = ["torch.save", "torch.save-protocol-4", "torch.save-legacy", "pickle.dump"]
+
+
+@pytest.mark.parametrize("how", PICKLES)
+@pytest.mark.parametrize("command", ["labels", "audit"])
+def test_whole_module_pickles_are_refused_in_one_line(gleak, env, how, command) -> None:
+    """Without --trust-pickle a pickled nn.Module is refused in one line, with no torch warning printed (a
+    pickle.dump used to print torch's UserWarning and its multi-line UnpicklingError)."""
+    import warnings
+
+    model = _whole_module(env["in"] / "m.pt", how)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = gleak(command, FEDSGD_B8, "--model", model)
+    assert_refused(r, "m.pt", "pickled model", "--trust-pickle", "torch.nn.modules.container.Sequential")
+    assert "Warning" not in r.stderr + r.stdout
+    assert [str(w.message) for w in caught if issubclass(w.category, UserWarning)] == []
+
+
+def test_pickled_state_dicts_torch_cannot_read_safely(gleak, env) -> None:
+    """A state dict saved with pickle protocol 4 names no code, but torch's safe loader cannot read it: one line
+    that says so (not "pickled model"), and a damaged pickle is called damaged."""
+    state = torch.nn.Linear(784, 10).state_dict()
+    torch.save(state, env["in"] / "sd.pt", pickle_protocol=4)
+    assert_refused(gleak("labels", FEDSGD_B8, "--model", env["in"] / "sd.pt"), "protocol 4", "--trust-pickle")
+    (env["in"] / "junk.pt").write_bytes(b"\x80\x02" + bytes(range(1, 200)))
+    assert_refused(gleak("labels", FEDSGD_B8, "--model", env["in"] / "junk.pt"), "not a readable PyTorch file")
+
+
+@pytest.mark.parametrize("how", PICKLES)
+def test_trusted_whole_module_pickles_load(env, how) -> None:
+    """--trust-pickle, which the refusal suggests, loads each of them (a plain pickle with pickle.load: torch.load
+    would run it and then reject it for lacking torch's magic number)."""
+    from gleak.models import load_model
+
+    loaded = load_model(_whole_module(env["in"] / "m.pt", how), trust_pickle=True)
+    assert isinstance(loaded.module, torch.nn.Sequential) and "pickled" in loaded.source

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
 import pickle
+import pickletools
 import struct
 import sys
 import types
@@ -36,7 +38,7 @@ from gleak.io import (
     show,
     tensors_sha256,
 )
-from gleak.models.export_archive import check_archive, check_program, guard_load
+from gleak.models.export_archive import _weights_only_globals, check_archive, check_program, guard_load
 from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
 
 TORCHVISION_INPUT_SHAPE = (3, 224, 224)
@@ -44,6 +46,10 @@ META_ARCH = "gleak.arch"
 META_KWARGS = "gleak.arch_kwargs"
 META_INPUT_SHAPE = "gleak.input_shape"
 STATE_DICT_ENTRIES = ("state_dict", "model_state_dict")
+TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a non-zip torch.save file
+MAX_PICKLE_SCAN_BYTES = 64 << 20  # how much of a refused pickle is read to say why it was refused
+_STRING_OPS = frozenset({"UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING",
+                         "SHORT_BINSTRING"})
 MAX_KWARGS_CHARS = 64 * 1024
 
 
@@ -475,14 +481,108 @@ def _load_torchscript(file: Path) -> LoadedModel:
     return LoadedModel(module=module, source="TorchScript archive", arch=None)
 
 
-def _is_weights_only_refusal(exc: Exception) -> bool:
-    """True when safe unpickling refused a well-formed pickle because it references Python globals."""
-    text = str(exc).lower()
-    return (
-        isinstance(exc, pickle.UnpicklingError)
-        and "weights only load failed" in text
-        and "unsupported operand" not in text
-    )
+def _is_weights_only_failure(exc: Exception) -> bool:
+    """True when torch's weights-only unpickler stopped at the pickle itself: a global it does not allow (a whole
+    nn.Module, any Python object) or an opcode it cannot read (pickle protocol 4 and later, or a damaged file)."""
+    return isinstance(exc, pickle.UnpicklingError) and "weights only load failed" in str(exc).lower()
+
+
+@dataclass
+class _PickleScan:
+    """What :func:`_scan_pickles` saw, without unpickling anything."""
+
+    unsafe: str | None = None  # the first global weights-only loading refuses (module.name, or "?" if unknown)
+    protocol: int | None = None
+    well_formed: bool = True  # every pickle read ended with STOP
+    complete: bool = True  # the whole stream was read (False: cut at MAX_PICKLE_SCAN_BYTES)
+
+
+def _scan_pickles(data: bytes, count: int, complete: bool) -> _PickleScan:
+    """Read ``count`` consecutive pickles of ``data`` opcode by opcode (pickletools: nothing is imported or run),
+    stopping at the first global that weights-only loading refuses."""
+    allowed = _weights_only_globals()
+    scan = _PickleScan(complete=complete)
+    stream = io.BytesIO(data)
+    strings: list[str | None] = []  # what the last opcodes pushed, as far as STACK_GLOBAL needs to know
+    memo: dict[Any, str | None] = {}
+    try:
+        for _ in range(count):
+            for opcode, arg, _pos in pickletools.genops(stream):
+                name = opcode.name
+                if name == "PROTO" and scan.protocol is None and isinstance(arg, int):
+                    scan.protocol = arg
+                if name in ("FRAME", "PROTO", "STOP"):
+                    continue
+                if name == "GLOBAL":
+                    module, _, attr = str(arg).partition(" ")
+                    found: str | None = f"{module}.{attr}"
+                elif name == "STACK_GLOBAL":
+                    module_name, attr_name = (strings[-2:] if len(strings) >= 2 else [None, None])
+                    found = f"{module_name}.{attr_name}" if module_name and attr_name else "?"
+                elif name in ("INST", "OBJ", "EXT1", "EXT2", "EXT4"):
+                    found = "?" if name != "INST" else str(arg).replace(" ", ".")
+                else:
+                    found = None
+                if found is not None and found not in allowed:
+                    scan.unsafe = found
+                    return scan
+                if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):  # store the top of the stack
+                    memo[len(memo) if name == "MEMOIZE" else arg] = strings[-1] if strings else None
+                elif name in ("GET", "BINGET", "LONG_BINGET"):
+                    strings.append(memo.get(arg))
+                else:
+                    strings.append(arg if isinstance(arg, str) and name in _STRING_OPS else None)
+                del strings[:-2]
+    except Exception:  # pickletools raises ValueError and friends on a malformed (or cut) stream
+        scan.well_formed = False
+    return scan
+
+
+def _is_torch_legacy(data: bytes) -> bool:
+    """Whether ``data`` starts as a non-zip ``torch.save`` file does: a pickle of torch's magic number alone."""
+    try:
+        values = [arg for op, arg, _ in pickletools.genops(io.BytesIO(data[:64]))
+                  if op.name not in ("PROTO", "FRAME", "STOP")]
+    except Exception:
+        return False
+    return values == [TORCH_LEGACY_MAGIC]
+
+
+def _read_pickle(file: Path) -> tuple[bytes, bool, int]:
+    """The pickle stream of a torch file (a zip archive's data.pkl, else the file), at most
+    :data:`MAX_PICKLE_SCAN_BYTES` of it: (bytes, whether that is all of it, how many pickles lead to the object:
+    a legacy torch.save file has the magic number, protocol version and system info before it)."""
+    if zipfile.is_zipfile(file):
+        with zipfile.ZipFile(file) as zf:
+            entries = [n for n in zf.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
+            if len(entries) != 1:
+                return b"", False, 1
+            with zf.open(entries[0]) as f:
+                data = f.read(MAX_PICKLE_SCAN_BYTES + 1)
+        return data[:MAX_PICKLE_SCAN_BYTES], len(data) <= MAX_PICKLE_SCAN_BYTES, 1
+    with open(file, "rb") as f:
+        data = f.read(MAX_PICKLE_SCAN_BYTES + 1)
+    return data[:MAX_PICKLE_SCAN_BYTES], len(data) <= MAX_PICKLE_SCAN_BYTES, 4 if _is_torch_legacy(data) else 1
+
+
+def _pickle_refused(file: Path) -> GleakError:
+    """The one line for a torch file whose pickle weights-only loading refused (nothing in it was run)."""
+    trust = "pass --trust-pickle if you trust its source"
+    try:
+        data, complete, count = _read_pickle(file)
+    except Exception as exc:  # zipfile raises BadZipFile, NotImplementedError (compression), RuntimeError, ...
+        return GleakError(f"{show(file)} is not a readable PyTorch file: {_why(exc)}")
+    scan = _scan_pickles(data, count, complete)
+    if scan.unsafe is not None:
+        names = "" if scan.unsafe == "?" else f" (it names {shorten(scan.unsafe, 80)})"
+        return GleakError(f"{show(file)}: a pickled model (whole nn.Module) or other Python object{names} is refused: "
+                          f"loading it runs code; {trust}, or save a state dict (model.state_dict()) or safetensors")
+    if not scan.well_formed and scan.complete:
+        return GleakError(f"{show(file)} is not a readable PyTorch file: its pickle is damaged or cut short")
+    protocol = f" written with protocol {scan.protocol}" if scan.protocol is not None else ""
+    return GleakError(f"{show(file)}: a pickle{protocol} that torch's safe (weights-only) loading cannot read is "
+                      f"refused: a full unpickle could run code; {trust}, or save it with torch.save's default "
+                      "protocol or as safetensors")
 
 
 def _why(exc: BaseException) -> str:
@@ -499,23 +599,16 @@ def _load_torch(
 ) -> LoadedModel:
     trusted = False
     try:
-        obj = torch.load(str(file), map_location="cpu", weights_only=True)
+        # torch warns about what its safe unpickler may not read (e.g. pickle protocol 4); the error says it all
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obj = torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as exc:
-        if not _is_weights_only_refusal(exc):
-            raise GleakError(f"{file} is not a readable PyTorch file: {_why(exc)}") from None
+        if not _is_weights_only_failure(exc):
+            raise GleakError(f"{show(file)} is not a readable PyTorch file: {_why(exc)}") from None
         if not trust_pickle:
-            raise GleakError(
-                f"{file} contains pickled Python objects (e.g. a whole nn.Module) that safe loading refuses; "
-                "--trust-pickle (trust_pickle=True) loads it, but only do that if you trust the file, "
-                "since unpickling can run arbitrary code"
-            ) from None
-        try:
-            # The classes a pickled module names live in the user's code: found as --arch finds a factory's
-            # module, on sys.path first, then in the working directory (appended to the path while unpickling).
-            with _cwd_last_on_path():
-                obj = torch.load(str(file), map_location="cpu", weights_only=False)
-        except Exception as exc2:
-            raise GleakError(f"cannot unpickle {file}: {_why(exc2)}") from None
+            raise _pickle_refused(file) from None
+        obj = _unpickle_trusted(file)
         trusted = True
     if isinstance(obj, nn.Module):
         return LoadedModel(module=obj, source="pickled nn.Module (trusted)", arch=None)
@@ -533,6 +626,25 @@ def _load_torch(
         arch_kwargs=use_kwargs,
         input_shape=arch_input_shape(arch, use_kwargs),
     )
+
+
+def _unpickle_trusted(file: Path) -> Any:
+    """Unpickle ``file`` in full (``--trust-pickle``): torch.load for torch.save files, pickle.load for a plain
+    pickle (``pickle.dump(model, f)``), which torch.load would run and then reject."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(64)
+        raw = not zipfile.is_zipfile(file) and not _is_torch_legacy(head)
+        # The classes a pickled module names live in the user's code: found as --arch finds a factory's
+        # module, on sys.path first, then in the working directory (appended to the path while unpickling).
+        with _cwd_last_on_path(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if raw:
+                with open(file, "rb") as f:
+                    return pickle.load(f)  # the user vouched for this file with --trust-pickle
+            return torch.load(str(file), map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise GleakError(f"cannot unpickle {show(file)}: {_why(exc)}") from None
 
 
 # --------------------------------------------------------------------------- saving

@@ -16,6 +16,7 @@ from gleak.attacks import Context, build_context
 from gleak.capture import Truth, load_capture, load_truth, truth_path_for
 from gleak.data import load_dataset
 from gleak.errors import TRUTH_CONTRADICTION, GleakError
+from gleak.io import companion_exists
 from gleak.losses import LossSpec
 from gleak.models import load_model
 from gleak.report.model import ModelCheck, ModelMode
@@ -98,7 +99,7 @@ class InputSpec:
         if self.truth is not None:
             return self.truth
         beside = truth_path_for(self.capture)
-        return beside if beside.exists() else None
+        return beside if companion_exists(beside) else None
 
 
 @dataclass

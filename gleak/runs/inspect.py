@@ -10,6 +10,7 @@ import torch
 from gleak.attacks import REGISTRY, build_context
 from gleak.capture import Capture, check_model_hash, load_capture, truth_path_for, validate_against_model
 from gleak.data import Dataset
+from gleak.io import companion_exists
 from gleak.models import LoadedModel, find_last_layer, guess_last_layer, load_model
 from gleak.report.model import InspectReport
 from gleak.runs.inputs import ModelSpec
@@ -40,7 +41,7 @@ def run_inspect(capture_path: Path, model: ModelSpec | None = None, fc_layer: st
         "num_parameters": capture.num_parameters(),
         "batch_size": capture.batch_size,
         "local_steps": capture.local_steps,
-        "truth_file": str(truth) if truth.exists() else None,
+        "truth_file": str(truth) if companion_exists(truth) else None,
         "metadata": {k: capture.meta[k] for k in sorted(capture.meta)},
         "unknown_metadata": dict(sorted(capture.extra.items())),
         "tensors": [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}

@@ -19,7 +19,7 @@ from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
 from gleak.data import Dataset
 from gleak.errors import GleakError, shorten
-from gleak.io import file_sha256
+from gleak.io import companion_exists, file_sha256
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel
 from gleak.report.model import AttackEntry, CaptureReport, FileRef, Finding, Notice
@@ -44,7 +44,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         model_path, loaded = models.match(capture)
         report.model = FileRef(path=str(model_path), sha256=loaded.weights_sha256 or None)
         truth_file = truth_path_for(path)
-        truth = load_truth(truth_file, capture) if truth_file.exists() else None
+        truth = load_truth(truth_file, capture) if companion_exists(truth_file) else None
         if truth is not None:
             report.truth = FileRef(path=str(truth_file), sha256=file_sha256(truth_file))
     except GleakError as e:

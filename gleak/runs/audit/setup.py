@@ -14,7 +14,7 @@ from typing import Any
 from gleak.capture import Capture
 from gleak.data import Dataset
 from gleak.errors import GleakError, choose
-from gleak.io import safetensors_kind
+from gleak.io import probe_input, safetensors_kind, show
 from gleak.models import LoadedModel, load_model
 from gleak.report.model import SEVERITIES, Budget, ExecutorName, FailOn, Thresholds
 from gleak.runs.inputs import default_max_memory
@@ -76,13 +76,14 @@ def find_captures(paths: Sequence[Path]) -> list[Path]:
     """Captures named directly, and every capture file (gleak.kind gradient/update) under the directories."""
     found: list[Path] = []
     for path in paths:
-        if path.is_dir():
+        kind = probe_input(path, "capture")  # not is_dir()/exists(): they raise OSError for an overlong name
+        if kind == "dir":
             found += [p for p in sorted(path.rglob("*.safetensors"))
                       if p.is_file() and safetensors_kind(p) in CAPTURE_KINDS]
-        elif path.exists():
+        elif kind == "file":
             found.append(path)
         else:
-            raise GleakError(f"{path}: no such file or directory")
+            raise GleakError(f"{show(path)}: no such file or directory")
     if not found:
         raise GleakError("no captures found in " + ", ".join(str(p) for p in paths))
     return list(dict.fromkeys(found))
@@ -93,10 +94,15 @@ def find_models(paths: Sequence[Path]) -> list[Path]:
     every model-like file in the directories (captures and data excluded); each once, in the order found."""
     found: list[Path] = []
     for path in paths:
-        if path.is_dir():
-            found += [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix.lower() in MODEL_SUFFIXES
+        kind = probe_input(path, "model file")  # not is_dir()/exists(): they raise OSError for an overlong name
+        if kind == "dir":
+            try:
+                entries = sorted(path.iterdir())
+            except OSError as exc:
+                raise GleakError(f"cannot read model folder {show(path)}: {exc.strerror or exc}") from None
+            found += [p for p in entries if p.is_file() and p.suffix.lower() in MODEL_SUFFIXES
                       and (p.suffix.lower() != ".safetensors" or safetensors_kind(p) is None)]
-        elif path.exists():
+        elif kind == "file":
             found.append(path)
         elif GLOB_CHARACTERS & set(str(path)):
             import glob
@@ -106,7 +112,7 @@ def find_models(paths: Sequence[Path]) -> list[Path]:
                 raise GleakError(f"--model {path}: no file matches this pattern")
             found += matched
         else:
-            raise GleakError(f"{path}: no such file or directory")
+            raise GleakError(f"{show(path)}: no such file or directory")
     if not found:
         hint = next((f" (global models saved by gleak.integrations are in {p / 'models'}: pass that folder)"
                      for p in paths if p.is_dir() and (p / "models").is_dir()), "")
