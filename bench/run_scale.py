@@ -65,7 +65,8 @@ def make_run(folder: Path, rounds: int, clients: int = 1, same_model: bool = Fal
 def measure(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """Wall time and peak RSS (MiB) of the command's process and its children (the largest one)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=WORK)  # not
+    # the checkout: python -m puts the working directory first on the path
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     stderr = proc.stderr.read().decode() if proc.stderr else ""
@@ -75,9 +76,9 @@ def measure(command: list[str], env: dict[str, str] | None = None) -> dict[str, 
 
 
 def gleak_command(repo: Path, run: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "gleak", "audit", str(run / "captures"), "--model",
+    return [sys.executable, "-m", "gleak", "--threads", "1", "audit", str(run / "captures"), "--model",
             str(run / "models"), "--lpips", "off", "--confidence", "0", "--format", "json", "--fail-on", "none",
-            "--threads", "1", *extra]
+            *extra]
 
 
 def memory(rounds: list[int], baseline: Path | None) -> dict[str, Any]:
@@ -121,8 +122,8 @@ def write(results: dict[str, Any]) -> None:
             lines.append(f"| {row['rounds']} | {now['peak_rss_mib']} | {now['seconds']} |" + (
                 f" {before['peak_rss_mib']} | {before['seconds']} |" if before else ""))
         if m["baseline"]:
-            lines += ["", f"Before: the same command with the gleak of `{m['baseline']}` (every model loaded "
-                      "before the first capture)."]
+            lines += ["", "Before: the same command with the gleak of the commit before the model store (f012c18: "
+                      "every model loaded before the first capture)."]
         lines.append("")
     e = results.get("executors")
     if e:
@@ -153,4 +154,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
