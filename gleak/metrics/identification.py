@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -172,7 +172,7 @@ class Identification:
     source: str
     level: float = LEVEL
     interval: tuple[float, float] = (0.0, 1.0)
-    extra: dict[str, Any] = field(default_factory=dict)
+    same_class: float = 0.0  # the share of distractors of the true image's class
 
     @property
     def n(self) -> int:
@@ -192,7 +192,8 @@ class Identification:
                 "chance": round(self.chance, 4), "kappa": round(self.kappa, 4),
                 "interval": [round(self.interval[0], 4), round(self.interval[1], 4)], "level": self.level,
                 "similarity": self.similarity, "distractors": self.distractors, "lineup": self.source,
-                "ranks": [round(r, 2) for r in self.ranks], "matched": self.matched, **self.extra}
+                "ranks": [round(r, 2) for r in self.ranks], "matched": self.matched,
+                "same_class": round(self.same_class, 4)}
 
 
 def clopper_pearson(successes: float, n: int, level: float = LEVEL) -> tuple[float, float]:
@@ -249,8 +250,6 @@ def identify(recons: torch.Tensor, truth: torch.Tensor, distractors: Distractors
         chances.append(1.0 / (1 + len(others)))
     chance = float(np.mean(chances)) if chances else 1.0
     k = max((len(d) for d in distractors.images), default=0)
-    out = Identification([int(m) for m in matched], ranks, credits, scores, chance, similarity, k,
-                         distractors.source, level)
-    out.interval = clopper_pearson(sum(credits), len(credits), level)
-    out.extra = {"same_class": round(distractors.same_class, 4)}
-    return out
+    return Identification([int(m) for m in matched], ranks, credits, scores, chance, similarity, k,
+                          distractors.source, level, clopper_pearson(sum(credits), len(credits), level),
+                          distractors.same_class)

@@ -72,7 +72,11 @@ def chance_scores(truth_counts: torch.Tensor) -> dict[str, float]:
     return {"iacc": float(expected_min.sum() / total), "cacc": float(cacc)}
 
 
+def hard_labels(labels: torch.Tensor) -> torch.Tensor:
+    """Class indices [N]: the labels themselves, or for soft labels [N, C] their argmax (the dominant class)."""
+    return labels.argmax(dim=1) if labels.dim() == 2 else labels
+
+
 def truth_counts(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Per-class counts of true labels; soft labels [N, C] count by their argmax (the dominant class)."""
-    hard = labels.argmax(dim=1) if labels.dim() == 2 else labels
-    return torch.bincount(hard.long(), minlength=num_classes)
+    return torch.bincount(hard_labels(labels).long(), minlength=num_classes)

@@ -101,9 +101,9 @@ def score_outputs(ctx: Context, truth: Truth, recovered: dict[str, torch.Tensor]
 
 def truth_classes(truth: Truth) -> list[int | None]:
     """Each true example's class: its hard label, or the top class of a soft one."""
-    labels = truth.labels
-    top = labels.argmax(1) if labels.dim() == 2 else labels
-    return [int(c) for c in top.tolist()]
+    from gleak.metrics.labels import hard_labels
+
+    return [int(c) for c in hard_labels(truth.labels).tolist()]
 
 
 NO_LINEUP = ("identification needs auxiliary data (--aux) of the capture's inputs for distractors: another image "

@@ -23,7 +23,7 @@ from gleak.io import companion_exists, file_sha256
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel
 from gleak.report.model import AttackEntry, CaptureReport, FileRef, Finding, Notice
-from gleak.runs.audit.expected import expected_images
+from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
 from gleak.runs.inputs import resolve_device, soft_truth
@@ -119,7 +119,13 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     findings = label_findings(report, config.thresholds)
     stages["labels"] = round(time.perf_counter() - mark, 6)
     mark = time.perf_counter()
-    entry, skipped = _reconstruct(ctx, truth, config, out_dir, _stem(Path(path)))
+    name, bounds, skipped = reconstruction_plan(ctx, config.budget)
+    entry, lpips_unavailable = None, None
+    if name is not None:
+        entry, skipped, lpips_unavailable = _reconstruct(ctx, truth, config, out_dir, _stem(Path(path)), name, bounds)
+    if lpips_unavailable:
+        notices.append(Notice(code="LPIPS_UNAVAILABLE", capture=path,
+                              message=f"LPIPS ({config.lpips}) not computed: {lpips_unavailable}"))
     if skipped:
         report.skipped.append(skipped)
         notices.append(Notice(code="RECONSTRUCTION_SKIPPED", capture=path, message=skipped))
@@ -132,12 +138,11 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
             findings.append(image)
     stages["reconstruction"] = round(time.perf_counter() - mark, 6)
     if truth is None and (entry is None or entry.status != "ok") and config.budget == "quick":
-        why = expected_images(ctx, config, "")[1]  # says the budget skips it
+        why = not_expected_reason(ctx, config)  # says the budget skips it
         if why:
             notices.append(Notice(code="IMAGES_NOT_EXPECTED", capture=path, message=why))
     if truth is None and entry is not None and entry.status == "ok":
         mark = time.perf_counter()
-        _name, bounds, _skipped = reconstruction_plan(ctx, config.budget)
         report.expected_images, why = expected_images(ctx, config, entry.attack, bounds)
         if why:
             report.skipped.append(why)
@@ -146,7 +151,7 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
         if expected is not None:
             findings.append(expected)
         stages["expected_images"] = round(time.perf_counter() - mark, 6)
-    notices += notices_for(ctx, report, path, bool(auxes), config.lpips)
+    notices += notices_for(ctx, report, path, bool(auxes))
     report.seconds = round(time.perf_counter() - started, 3)
     return report, findings, notices
 
@@ -182,28 +187,28 @@ def reconstruction_plan(ctx: Context, budget: str) -> tuple[str | None, dict[str
     return name, {}, None
 
 
-def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir: Path | None,
-                 stem: str) -> tuple[AttackEntry | None, str | None]:
-    """Run the budget's reconstruction and, with truth, its identification lineup; (entry, why skipped)."""
-    name, bounds, skipped = reconstruction_plan(ctx, config.budget)
-    if name is None:
-        return None, skipped
+def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir: Path | None, stem: str,
+                 name: str, bounds: dict[str, int]) -> tuple[AttackEntry | None, str | None, str | None]:
+    """Run the planned reconstruction (:func:`reconstruction_plan`) and, with truth, its identification lineup;
+    (entry, why skipped, why LPIPS could not be computed)."""
     attack = get_attack(name, "reconstruct")
     attack.configure(config.attack_options(name, bounds))
     try:
         done = reconstruct(ctx, attack, "auto", truth, lpips=config.lpips)
     except GleakError as e:
-        return None, f"reconstruction skipped (no labels to reconstruct with: {e})"
+        return None, f"reconstruction skipped (no labels to reconstruct with: {e})", None
     result = done.result
     options = {**(result.options or {}), "labels": done.prepared.source}
     if not done.ok:
-        return _entry(result, "reconstruct", options=options), None
+        return _entry(result, "reconstruct", options=options), None, None
     if done.images is None:  # the budget plans gradient-matching and analytic attacks only; they always make images
         raise TypeError(f"{name} returned no images")
     scores: dict[str, float | None] | None = None
     artifacts: list[str] = []
-    identification = lineup = None
+    identification = lineup = lpips_unavailable = None
     if done.scored is not None and done.truth_pixels is not None and truth is not None:
+        if config.lpips != "off":
+            lpips_unavailable = done.scored.metrics["lpips_info"].get("unavailable")
         mean = done.scored.metrics["mean"]
         scores = {"psnr": finite(mean.get("psnr")), "ssim": finite(mean.get("ssim")),
                   "lpips": finite(mean.get("lpips"))}
@@ -230,7 +235,7 @@ def _reconstruct(ctx: Context, truth: Truth | None, config: AuditConfig, out_dir
     entry.artifacts = artifacts
     if identification is not None:
         entry.identification = identification.to_json()
-    return entry, None
+    return entry, None, lpips_unavailable
 
 
 def _entry(result: AttackResult, task: Literal["labels", "reconstruct"], scores: dict[str, float | None] | None = None,

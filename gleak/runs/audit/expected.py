@@ -20,18 +20,26 @@ from gleak.runs.audit.setup import EXPECTED_TWINS, AuditConfig
 SEED_STRIDE = 104729  # twin i is simulated with seed + i·SEED_STRIDE (apart from the label calibration's)
 
 
+def not_expected_reason(ctx: Context, config: AuditConfig) -> str | None:
+    """Why no expectation can be simulated for ``ctx``'s capture under ``config`` (one line), or None."""
+    if EXPECTED_TWINS.get(config.budget, 0) == 0:
+        return (f"expected image leakage not simulated (budget {config.budget}: the standard and full budgets "
+                "reconstruct twin batches)")
+    if ctx.aux is None:
+        return "expected image leakage not simulated: needs auxiliary data (--aux) to simulate twin batches"
+    if ctx.model is None or ctx.no_forward_reason:
+        return f"expected image leakage not simulated: {ctx.no_forward_reason or 'needs the model'}"
+    return None
+
+
 def expected_images(ctx: Context, config: AuditConfig, attack: str,
                     bounds: dict[str, int] | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """(the expectation, or None and why there is none — one line) for ``ctx``'s capture under ``config``'s
     budget, reconstructing with ``attack`` bounded by ``bounds``."""
-    twins = EXPECTED_TWINS.get(config.budget, 0)
-    if twins == 0:
-        return None, (f"expected image leakage not simulated (budget {config.budget}: the standard and full budgets "
-                      "reconstruct twin batches)")
-    if ctx.aux is None:
-        return None, "expected image leakage not simulated: needs auxiliary data (--aux) to simulate twin batches"
-    if ctx.model is None or ctx.no_forward_reason:
-        return None, f"expected image leakage not simulated: {ctx.no_forward_reason or 'needs the model'}"
+    why = not_expected_reason(ctx, config)
+    if why is not None or ctx.aux is None or ctx.model is None:  # (the last two only narrow the types)
+        return None, why
+    twins = EXPECTED_TWINS[config.budget]
     from gleak.attacks.labels.confidence import client_settings, split_aux
     from gleak.io import tensors_sha256
     from gleak.metrics.identification import LEVEL, clopper_pearson

@@ -239,17 +239,9 @@ NOTICE_CODES = {
 }
 
 
-def notices_for(ctx: Context, report: CaptureReport, capture: str, aux_given: bool,
-                lpips: str = "off") -> list[Notice]:
+def notices_for(ctx: Context, report: CaptureReport, capture: str, aux_given: bool) -> list[Notice]:
     """Warnings with stable codes (:data:`NOTICE_CODES`) about one audited capture."""
     out: list[Notice] = []
-    unavailable = [a for a in report.attacks if a.task == "reconstruct" and a.scores and a.scores.get("psnr")
-                   is not None and a.scores.get("lpips") is None]
-    if lpips != "off" and unavailable:
-        from gleak.metrics.perceptual import load_lpips
-
-        why = load_lpips(lpips).reason or "LPIPS gave no value"
-        out.append(Notice(code="LPIPS_UNAVAILABLE", capture=capture, message=f"LPIPS ({lpips}) not computed: {why}"))
     if report.aux is None:
         out.append(Notice(code="NO_AUX", capture=capture, message=(
             "none of the --aux data fits this capture's model (input shape and classes)" if aux_given else
