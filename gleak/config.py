@@ -65,6 +65,7 @@ class AuditFileSettings(BaseModel):
 
     budget: Literal["quick", "standard", "full"] | None = None
     fail_on: Literal["info", "low", "medium", "high", "critical", "none"] | None = Field(None, alias="fail-on")
+    fail_rounds: str | None = Field(None, alias="fail-rounds", pattern=r"^(any|all|last:[1-9][0-9]{0,8})$")
     format: str | None = None
     lpips: Literal["alex", "vgg", "off"] | None = None
     jobs: int | None = Field(None, ge=1, le=256)

@@ -124,7 +124,7 @@ def test_formats_render_an_abstained_attack_and_finding(tmp_path: Path) -> None:
     capture = CaptureReport(capture=FileRef(path="c.safetensors"), attacks=[
         AttackEntry(attack="rlu", task="labels", status="ok", counts=[16] * 10, confidence=weak),
         AttackEntry(attack="calibrated", task="labels", status="abstained", reason="no attack beats chance",
-                    confidence=weak)])
+                    confidence={**weak, "attack": "rlu"})])  # as Calibrated._abstain writes it
     finding = abstained_finding(capture)
     assert finding is not None and finding.severity == "info" and finding.attack == "rlu"
     assert "uniform batches" in finding.title and "dirichlet 0.600 vs chance 0.540" in (finding.detail or "")

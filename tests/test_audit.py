@@ -103,7 +103,13 @@ def test_without_truth_the_audit_measures_leakage_on_simulated_batches(gleak, tm
     assert 0.68 < expected["chance"] < 0.73 and "uniform" in expected["title"]  # chance of uniform batches, B = 32
     assert agree["rule"] == "GLEAK-LABELS-AGREE" and agree["severity"] == "info" and agree["measured"] > 0.5
     entry = next(a for a in report["captures"][0]["attacks"] if a["attack"] == expected["attack"])
-    assert entry["confidence"]["calibrated"] and len(entry["confidence"]["intervals"]) == 10
+    assert expected["attack"] == "calibrated" and entry["status"] == "ok"  # the calibrated answer, not one attack
+    conf = entry["confidence"]
+    assert conf["calibrated"] and len(conf["intervals"]) == 10 and f"calibrated ({conf['chosen']})" in expected["title"]
+    assert expected["measured"] == conf["expected_iacc"] and expected["chance"] == conf["chance_iacc"]
+    low, high = conf["expected_interval"]  # the expectation's 95 % interval, in the title and the detail
+    assert low <= conf["expected_iacc"] <= high and f"[{low:.0%}, {high:.0%}]" in expected["title"]
+    assert conf["chosen"] in [a["attack"] for a in report["captures"][0]["attacks"]] + ["stacked"]
     off = json.loads(gleak("audit", cap, "-M", LENET, "--aux", MNIST_AUX, "--format", "json", "--confidence", "0")
                      .stdout)
     assert [f["rule"] for f in off["findings"]] == ["GLEAK-LABELS-AGREE"]  # --confidence 0: agreement only
@@ -247,3 +253,31 @@ def test_a_hostile_header_in_a_folder_is_not_a_crash(gleak, tmp_path: Path) -> N
     r = gleak("audit", folder, "-M", LENET, "--format", "json")
     assert r.exit_code == 0, r.stderr  # the hostile file is not a capture; the good one (no truth) is audited
     assert [Path(c["capture"]["path"]).name for c in json.loads(r.stdout)["captures"]] == ["good.safetensors"]
+
+
+def test_the_expected_labels_finding_follows_the_calibrated_answer_not_one_attack() -> None:
+    """The selector's calibrated expectation sets the severity (here medium), even where one attack's own
+    calibration alone would say high; when the selector abstains the audit abstains, whatever one attack says."""
+    from gleak.report.model import AttackEntry, CaptureReport, FileRef, Thresholds
+    from gleak.runs.audit.findings import abstained_finding, label_findings
+
+    single = {"calibrated": True, "informative": True, "expected_iacc": 0.95, "chance_iacc": 0.5, "level": 0.9,
+              "half_width": 1, "simulations": 24, "worst_margin": 0.45}
+    chosen = {"calibrated": True, "chosen": "stacked", "informative": True, "expected_iacc": 0.75,
+              "chance_iacc": 0.5, "level": 0.9, "half_width": 2, "simulations": 24, "worst_margin": 0.25,
+              "expected_interval": [0.7, 0.8]}
+    report = CaptureReport(capture=FileRef(path="c.safetensors"), attacks=[
+        AttackEntry(attack="rlu", task="labels", status="ok", counts=[1, 1], confidence=single),
+        AttackEntry(attack="calibrated", task="labels", status="ok", counts=[1, 1], confidence=chosen)])
+    found = {f.rule: f for f in label_findings(report, Thresholds())}
+    expected = found["GLEAK-LABELS-EXPECTED"]
+    assert expected.severity == "medium" and expected.attack == "calibrated" and expected.measured == 0.75
+    assert "calibrated (stacked)" in expected.title and "[70%, 80%]" in expected.title
+    assert "GLEAK-LABELS-AGREE" not in found  # the selector repeats a candidate's counts: not a second vote
+    report.attacks[1] = AttackEntry(attack="calibrated", task="labels", status="abstained", reason="none beats chance",
+                                    confidence={**single, "informative": False, "attack": "rlu",
+                                                "expected_iacc": 0.52, "worst_margin": -0.01})
+    rules = [f.rule for f in label_findings(report, Thresholds())]
+    assert rules == ["GLEAK-LABELS-ABSTAINED"]
+    abstained = abstained_finding(report)
+    assert abstained is not None and abstained.attack == "rlu" and abstained.severity == "info"

@@ -19,7 +19,7 @@ CIFAR_B8 = SAMPLES / "captures/cifar10_b8.safetensors"
 def check(data: dict, report: str) -> None:
     """Valid against the shipped (combined) schema, with the common header naming ``report``."""
     jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
-    assert data["schema_version"] == "1" and data["tool"] == "gleak" and data["gleak_version"] == __version__
+    assert data["schema_version"] == "2" and data["tool"] == "gleak" and data["gleak_version"] == __version__
     assert data["report"] == report
 
 

@@ -168,3 +168,46 @@ def test_embedded_images_decode_in_chromium(browser, tmp_path: Path) -> None:
     html.write_text(text[:start] + text[start + 200:], encoding="utf-8")
     page = _open(browser, html, tmp_path / "broken.png")
     assert [i["width"] > 0 for i in page.images] == [False, True]
+
+
+def test_run_view_plots_and_sortable_clients_in_chromium(browser, tmp_path: Path) -> None:
+    """A run's report: the leakage-over-rounds plot is there with its accessible name, the page's one script runs
+    under its CSP hash (no console error), and the per-client table sorts when a header is clicked."""
+    from selenium.webdriver.common.by import By
+
+    from gleak.report.run_view import build_run_view
+
+    captures, findings = [], []
+    for r in range(4):
+        for client, iacc in (("alpha", 1.0 - 0.2 * r), ("beta", 0.9), ("gamma", 0.5)):
+            path = f"run/r{r}-{client}.safetensors"
+            captures.append(CaptureReport(capture=FileRef(path=path), round=r, client=client, chance={"iacc": 0.4},
+                                          attacks=[AttackEntry(attack="llg", task="labels", status="ok",
+                                                               counts=[1], scores={"iacc": iacc})]))
+            if iacc >= 0.9:
+                findings.append(Finding(rule="GLEAK-LABELS", severity="high", capture=path, title="labels leak"))
+    report = Report(gleak_version="0.1.0", captures=captures, findings=findings, fail_rounds="last:2")
+    report.run = build_run_view(report)
+    html = tmp_path / "report.html"
+    html.write_text(get_format("html").render(report, tmp_path), encoding="utf-8")
+    page = _open(browser, html, tmp_path / "run.png")
+    _check(page, n_captures=len(captures))
+    plots = browser.execute_script(
+        "return [...document.querySelectorAll('#run svg.run-plot')].map(s => [s.getAttribute('aria-label'), "
+        "s.querySelector('title').textContent, s.getBoundingClientRect().width])")
+    assert [p[:2] for p in plots] == [["best label iAcc over rounds"] * 2]
+    assert plots[0][2] > 200  # drawn, not collapsed
+
+    def first_column() -> list[str]:
+        return browser.execute_script("return [...document.querySelectorAll('table.clients tbody tr')]"
+                                      ".map(r => r.cells[0].textContent)")
+
+    assert first_column() == ["alpha", "beta", "gamma"]  # worst first: alpha and beta high, alpha's latest round 1
+    button = browser.find_element(By.XPATH, "//table[contains(@class,'clients')]//th[1]/button")
+    button.click()
+    assert first_column() == ["alpha", "beta", "gamma"]
+    button.click()  # descending by name
+    assert first_column() == ["gamma", "beta", "alpha"]
+    assert browser.find_element(By.XPATH, "//table[contains(@class,'clients')]//th[1]").get_attribute(
+        "aria-sort") == "descending"
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -25,11 +25,15 @@ def select_attacks(task: str, names: Sequence[str] | None) -> list[Attack]:
 def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: torch.Tensor | None = None,
                       progress: Callable[[str], None] | None = None,
                       truth_soft: torch.Tensor | None = None, confidence: int = 0,
-                      confidence_cache: dict[Any, Any] | None = None) -> list[AttackResult]:
+                      confidence_cache: dict[Any, Any] | None = None, combine: bool = False) -> list[AttackResult]:
     """Run each attack; with true per-class counts (and, for one example, its true soft label) score every
     successful result. With ``confidence`` = K > 0, calibrate each successful attack on K simulated batches
     (:mod:`gleak.attacks.labels.confidence`): 90 % count intervals, expected and chance iAcc per batch composition,
-    informative or not, and whether the recovered counts fit the simulated compositions."""
+    informative or not, and whether the recovered counts fit the simulated compositions. With ``combine`` too, the
+    same calibration also fits the stacked combination and the calibrated selector's answer
+    (:class:`~gleak.attacks.labels.calibrated.Calibrated`) is appended as one more result, ``calibrated``: the
+    counts of the attack (or combination) with the best worst-case margin over chance, its calibration (with the
+    chosen candidate) in ``confidence``, or status ``abstained`` when none beats chance."""
     if truth_counts is not None and len(truth_counts) != ctx.num_classes:
         raise GleakError(f"ground truth has {len(truth_counts)} classes, the model {ctx.num_classes}")
     if truth_counts is not None and ctx.total_examples and int(truth_counts.sum()) != ctx.total_examples:
@@ -46,16 +50,18 @@ def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: tor
                 result.scores.update(soft_label_scores(out.soft_label, truth_soft))
         results.append(result)
     if confidence > 0:
-        _attach_confidence(ctx, attacks, results, confidence, confidence_cache)
+        _attach_confidence(ctx, attacks, results, confidence, confidence_cache, combine)
     return results
 
 
 def _attach_confidence(ctx: Context, attacks: Sequence[Attack], results: list[AttackResult], simulations: int,
-                       cache: dict[Any, Any] | None) -> None:
+                       cache: dict[Any, Any] | None, combine: bool = False) -> None:
     from gleak.attacks.labels.confidence import calibrate
 
     ran = [a for a, r in zip(attacks, results, strict=True) if r.status == "ok" and r.output is not None]
-    calibrated, why = calibrate(ctx, ran, simulations=simulations, seed=ctx.seed, cache=cache)
+    calibrated, why = calibrate(ctx, ran, simulations=simulations, seed=ctx.seed, cache=cache, stack=combine)
+    selector = _selector_result(ctx, [a for a in ran if a.name != "softlabel"], calibrated, why, simulations) \
+        if combine else None
     for result in results:
         if result.status != "ok" or result.output is None:
             continue
@@ -72,3 +78,21 @@ def _attach_confidence(ctx: Context, attacks: Sequence[Attack], results: list[At
         unfit = conf.fit_warning(result.labels.counts)
         if unfit:
             result.warnings.append(unfit)
+    if selector is not None:
+        results.append(selector)
+
+
+def _selector_result(ctx: Context, candidates: list[Attack], calibrated: dict[str, Any], why: str | None,
+                     simulations: int) -> AttackResult:
+    """The calibrated selector's answer from the calibration just made (no second calibration); its
+    ``confidence``: the chosen candidate's calibration (``chosen``: an attack or ``stacked``), or the abstention's."""
+    from gleak.attacks.labels.calibrated import Calibrated
+
+    if why or not candidates:
+        return AttackResult("calibrated", "failed", reason=why or "no label attack ran on this capture")
+    result = run_attack(Calibrated.precalibrated(candidates, calibrated, simulations), ctx)
+    if result.status == "ok" and result.output is not None:
+        chosen = str(result.labels.diagnostics.get("chosen"))
+        result.confidence = {"calibrated": True, "chosen": chosen,
+                             **calibrated[chosen].to_json(result.labels.counts, ctx.total_examples or 0)}
+    return result

@@ -67,6 +67,10 @@ def audit(
     fail_on: Annotated[str, typer.Option("--fail-on", envvar="GLEAK_FAIL_ON", help="Exit 1 when a finding is "
                                          "at or above this severity: info, low, medium, high, critical, or "
                                          "none (never).")] = "high",
+    fail_rounds: Annotated[str, typer.Option("--fail-rounds", envvar="GLEAK_FAIL_ROUNDS", help="Which rounds of a "
+                                             "run (gleak.fl.round) the gate looks at: any, last:K (the K latest; "
+                                             "captures without a round always count) or all (a finding in every "
+                                             "round).")] = "any",
     format: Annotated[str, typer.Option("--format", "-f", envvar="GLEAK_FORMAT", help="Comma-separated: table "
                                         "(console), json, html, sarif, md, junit (files in -o DIR; json "
                                         "without -o goes to stdout).")] = "table",
@@ -118,7 +122,8 @@ def audit(
     from gleak.runs.audit import AuditConfig
 
     loaded = find_config(config_file)
-    given = {"budget": budget, "fail_on": fail_on, "format": format, "lpips": lpips, "jobs": jobs, "seed": seed,
+    given = {"budget": budget, "fail_on": fail_on, "fail_rounds": fail_rounds,
+             "format": format, "lpips": lpips, "jobs": jobs, "seed": seed,
              "device": device, "model": model, "aux": aux, "arch": arch, "arch_kwargs": arch_kwargs,
              "threshold": threshold, "option": option, "executor": executor, "address": address}
     effective, sources = merge_config(ctx, given, loaded)
@@ -137,7 +142,7 @@ def audit(
     executor, address = effective["executor"], effective["address"]
     arch, arch_kwargs = effective["arch"], effective["arch_kwargs"]
     from gleak.errors import choose
-    from gleak.runs.audit.setup import BUDGETS, EXECUTORS, FAIL_ON
+    from gleak.runs.audit.setup import BUDGETS, EXECUTORS, FAIL_ON, parse_fail_rounds
 
     runner = choose(executor, EXECUTORS, "--executor")
     if address is not None and executor != "ray":
@@ -159,8 +164,9 @@ def audit(
     if output is None and any(f != "json" for f in files):
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
     if output is not None:
-        check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]])
+        check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]], ["run-*.png"])
     config = AuditConfig(budget=choose(budget, BUDGETS, "--budget"), fail_on=gate,
+                         fail_rounds=parse_fail_rounds(effective["fail_rounds"]),
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
                          confidence=confidence, max_memory=gigabytes(max_memory), lineup=lineup,
@@ -174,6 +180,12 @@ def audit(
         from gleak.io import OutputSet
 
         with OutputSet(output, True) as out:
+            if report.run is not None and report.run.series:
+                from gleak.report.plots import run_plots
+
+                for name, data in run_plots(report.run).items():
+                    out.write_bytes(name, data)
+                    report.run.plots.append(name)
             for name in files or ["json"]:
                 fmt = get_format(name)
                 out.write_bytes(fmt.FILENAME, fmt.render(report, output).encode("utf-8"))
@@ -191,7 +203,8 @@ def audit(
         verdict = "errors" if report.has_errors() else ("FAIL" if report.failed() else "PASS")
         err_console.print(f"gleak audit: {len(report.captures)} capture(s), {len(report.findings)} finding(s)"
                           + (f" (worst {report.worst()})" if report.findings else "")
-                          + f"; {verdict} (--fail-on {report.fail_on})"
+                          + f"; {verdict} (--fail-on {report.fail_on}"
+                          + (f" --fail-rounds {report.fail_rounds})" if report.fail_rounds != "any" else ")")
                           + (f"; reports in {escape(str(output))}" if output is not None else ""), soft_wrap=True)
     if report.has_errors():
         raise typer.Exit(2)
@@ -199,7 +212,8 @@ def audit(
         raise typer.Exit(1)
 
 
-OPTION_KEYS = ("budget", "fail_on", "format", "lpips", "jobs", "executor", "address", "seed", "device", "model",
+OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
+               "lpips", "jobs", "executor", "address", "seed", "device", "model",
                "aux", "arch", "arch_kwargs", "threshold", "option")
 
 

@@ -358,9 +358,10 @@ def handle_errors(fn: F) -> F:
             # machines reading stdout get the error as JSON too
             if _wants_json(kwargs.get("format")) and not e.reported:
                 from gleak import __version__
+                from gleak.report.model import SCHEMA_VERSION
 
                 sys.stdout.write(json.dumps({
-                    "schema_version": "1", "tool": "gleak", "gleak_version": __version__, "report": "error",
+                    "schema_version": SCHEMA_VERSION, "tool": "gleak", "gleak_version": __version__, "report": "error",
                     "error": {"message": shorten(" ".join(str(e).split()), MAX_MESSAGE),
                               "exit_code": GleakError.exit_code}}) + "\n")
             raise typer.Exit(GleakError.exit_code) from None

@@ -20,12 +20,15 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
-SCHEMA_VERSION: Literal["1"] = "1"
+SCHEMA_VERSION: Literal["2"] = "2"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 Severity = Literal["info", "low", "medium", "high", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "low", "medium", "high", "critical")
 FailOn = Severity | Literal["none"]  # the gate: the lowest severity that fails, or none
+FAIL_ROUNDS_PATTERN = r"^(any|all|last:[1-9][0-9]{0,8})$"
+"""The gate over a run's rounds: ``any`` round (a finding in any capture), ``last:K`` (only the K highest-numbered
+rounds, and captures without a round), ``all`` (a finding in every round)."""
 Budget = Literal["quick", "standard", "full"]
 ExecutorName = Literal["local", "ray"]
 Status = Literal["ok", "not_applicable", "failed", "error", "abstained"]
@@ -108,6 +111,8 @@ class CaptureReport(_Model):
     model: FileRef | None = None
     aux: FileRef | None = None
     truth: FileRef | None = None
+    round: int | None = Field(None, description="the federated round (gleak.fl.round), when recorded")
+    client: str | None = Field(None, description="the client (gleak.fl.client_id), when recorded")
     kind: str | None = None
     batch_size: int | None = None
     local_steps: int | None = None
@@ -145,16 +150,78 @@ class Thresholds(_Model):
                              "above chance)")
 
 
+class SeriesInfo(_Model):
+    """One leakage series of the run view: what it measures, and the finding rule it belongs to."""
+
+    name: str = Field(description="stable key, e.g. label_iacc")
+    title: str = Field(description="what it shows, e.g. 'best label iAcc over rounds' (the plots' accessible name)")
+    metric: str
+    unit: str | None = None
+    rule: str | None = Field(None, description="the finding rule measured on the same numbers, if any")
+
+
+class SeriesPoint(_Model):
+    """One series at one round: over the round's captures that have a value."""
+
+    n: int = Field(description="captures with a value")
+    max: float
+    median: float
+    chance: float | None = Field(None, description="median over those captures of the same metric for random "
+                                 "guessing, where one exists")
+
+
+class RoundSummary(_Model):
+    """One round of the run (or the captures without a round)."""
+
+    round: int | None = Field(description="gleak.fl.round; null: the captures that record no round ('unknown round')")
+    captures: int
+    clients: int = Field(description="distinct clients (captures without gleak.fl.client_id count one each)")
+    errors: int = Field(0, description="captures that could not be audited")
+    worst: Severity | None = Field(None, description="the highest severity of the round's findings")
+    findings: int = Field(0, description="findings in the round's captures")
+    gated: bool = Field(True, description="whether the gate (fail_rounds) looks at this round")
+    series: dict[str, SeriesPoint] = Field(default_factory=dict)
+
+
+class ClientSummary(_Model):
+    """One client across the run."""
+
+    client: str | None = Field(description="gleak.fl.client_id; null: captures that record none")
+    captures: int
+    rounds: int = Field(description="distinct rounds it took part in")
+    worst: Severity | None = None
+    worst_round: int | None = Field(None, description="the round of its worst finding (the latest, on a tie)")
+    worst_rule: str | None = None
+    worst_title: str | None = None
+    series_max: dict[str, float] = Field(default_factory=dict, description="per series, its largest value")
+
+
+class RunView(_Model):
+    """The captures grouped by round and client (gleak.fl.round / gleak.fl.client_id), computed from the captures'
+    scores and findings in this report: no attack runs again for it."""
+
+    series: list[SeriesInfo] = Field(default_factory=list)
+    rounds: list[RoundSummary] = Field(default_factory=list, description="by round number; the unknown round last")
+    clients: list[ClientSummary] = Field(default_factory=list, description="worst first")
+    clear_from: int | None = Field(None, description="the first round from which no round has a finding at or above "
+                                   "fail_on (null: the last round has one, or there are no rounds)")
+    series_clear_from: dict[str, int | None] = Field(default_factory=dict, description="per series with a rule: the "
+                                                     "first round from which no capture has a finding of that rule")
+    plots: list[str] = Field(default_factory=list, description="PNG files written beside the report (with -o)")
+
+
 class Report(_Model):
     """The whole audit."""
 
-    schema_version: Literal["1"] = SCHEMA_VERSION
+    schema_version: Literal["2"] = SCHEMA_VERSION
     tool: Literal["gleak"] = "gleak"
     gleak_version: str
     report: Literal["audit"] = "audit"
     command: list[str] = Field(default_factory=list, description="how to reproduce the run")
     budget: Budget = "quick"
     fail_on: FailOn = "high"
+    fail_rounds: str = Field("any", pattern=FAIL_ROUNDS_PATTERN, description="which rounds the gate looks at: any, "
+                             "last:K or all")
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
@@ -164,6 +231,7 @@ class Report(_Model):
     captures: list[CaptureReport] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list)
     notices: list[Notice] = Field(default_factory=list)
+    run: RunView | None = Field(None, description="captures grouped by round and client, when any records one")
     seconds: float = 0.0
 
     def worst(self) -> Severity | None:
@@ -173,10 +241,28 @@ class Report(_Model):
         return max((f.severity for f in self.findings), key=severity_rank)
 
     def failed(self) -> bool:
-        """Whether a finding is at or above ``fail_on`` (never with ``none``)."""
+        """Whether a finding is at or above ``fail_on`` (never with ``none``) in the rounds ``fail_rounds`` names:
+        any round; the last K rounds (captures without a round always count); or every round (a leak throughout).
+        Without round metadata every scope is ``any``."""
         if self.fail_on == "none":
             return False
-        return any(severity_rank(f.severity) >= severity_rank(self.fail_on) for f in self.findings)
+        failing = {f.capture for f in self.findings if severity_rank(f.severity) >= severity_rank(self.fail_on)}
+        rounds = sorted({c.round for c in self.captures if c.round is not None})
+        if self.fail_rounds == "any" or not rounds:
+            return bool(failing)
+        round_of = {c.capture.path: c.round for c in self.captures}
+        if self.fail_rounds == "all":
+            hit = {round_of.get(path) for path in failing}
+            return all(r in hit for r in rounds)
+        gated = self.gated_rounds()
+        return any(round_of.get(path) is None or round_of[path] in gated for path in failing)
+
+    def gated_rounds(self) -> set[int]:
+        """The round numbers the gate looks at (``last:K``: the K highest; otherwise every round)."""
+        rounds = sorted({c.round for c in self.captures if c.round is not None})
+        if self.fail_rounds.startswith("last:"):
+            return set(rounds[-int(self.fail_rounds.partition(":")[2]):])
+        return set(rounds)
 
     def has_errors(self) -> bool:
         """Whether any capture could not be audited (bad input)."""
@@ -246,7 +332,7 @@ HEADER_KEYS = ("schema_version", "tool", "gleak_version", "report")
 class CommandReport(_Model):
     """The header every command's JSON report starts with."""
 
-    schema_version: Literal["1"] = SCHEMA_VERSION
+    schema_version: Literal["2"] = SCHEMA_VERSION
     tool: Literal["gleak"] = "gleak"
     gleak_version: str
 

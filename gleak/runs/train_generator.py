@@ -18,6 +18,7 @@ from gleak.generator.file import save_generator
 from gleak.generator.train import TrainResult, TrainSettings, aux_features, train_decoder
 from gleak.io import safetensors_kind, show, tensors_sha256
 from gleak.models import LastLayer, find_last_layer, load_model
+from gleak.report.model import SCHEMA_VERSION
 from gleak.runs.inputs import ModelSpec, resolve_device
 
 OTHER_KINDS = {"gradient": "a capture", "update": "a capture", "truth": "a ground-truth file",
@@ -118,7 +119,7 @@ def _report(written: Path, model: Path, model_sha: str, layer: LastLayer, aux: P
     if result.heldout_psnr is not None and result.baseline_psnr is not None:
         beaten = result.heldout_psnr > result.baseline_psnr
     return {
-        "schema_version": "1", "tool": "gleak", "gleak_version": __version__, "report": "train-generator",
+        "schema_version": SCHEMA_VERSION, "tool": "gleak", "gleak_version": __version__, "report": "train-generator",
         "file": str(written), "model": str(model), "model_sha256": model_sha, "layer": layer.name,
         "feature_dim": int(layer.feature_dim), "num_classes": int(layer.num_classes),
         "aux": str(aux), "aux_sha256": aux_sha, "image_shape": list(data.input_shape),

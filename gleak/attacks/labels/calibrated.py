@@ -52,16 +52,31 @@ class Calibrated(Attack):
     Options: ClassVar[type[AttackOptions]] = CalibratedOptions
     options: CalibratedOptions
 
+    given: tuple[list[Attack], dict[str, Confidence]] | None = None  # set by :meth:`precalibrated`
+
+    @classmethod
+    def precalibrated(cls, candidates: list[Attack], calibrated: dict[str, Confidence], simulations: int,
+                      ) -> Calibrated:
+        """A selector that answers from a calibration already made (the audit calibrates every label attack once,
+        with the stacked combination, and asks this for the answer) instead of calibrating again."""
+        selector = cls()
+        selector.configure({"simulations": max(simulations, 4)})
+        selector.given = (candidates, calibrated)
+        return selector
+
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
-        candidates = [a for a in attacks_for("labels")
-                      if a.name not in (self.name, "softlabel") and a.not_applicable(ctx) is None]
-        if not candidates:
-            raise GleakError("no other label attack applies to this capture")
         simulations = self.options.simulations
-        calibrated, why = calibrate(ctx, candidates, simulations=simulations, seed=ctx.seed, cache=_CACHE,
-                                    stack=self.options.stack)
-        if why:
-            raise GleakError(why)
+        if self.given is not None:
+            candidates, calibrated = self.given
+        else:
+            candidates = [a for a in attacks_for("labels")
+                          if a.name not in (self.name, "softlabel") and a.not_applicable(ctx) is None]
+            if not candidates:
+                raise GleakError("no other label attack applies to this capture")
+            calibrated, why = calibrate(ctx, candidates, simulations=simulations, seed=ctx.seed, cache=_CACHE,
+                                        stack=self.options.stack)
+            if why:
+                raise GleakError(why)
         if not calibrated:
             raise GleakError(f"no label attack ran on enough of the {simulations} batches simulated like this one to "
                              "be calibrated")

@@ -174,6 +174,7 @@ class Measured:
     expected_iacc: float
     chance_iacc: float
     beats_chance: bool
+    interval: tuple[float, float] | None = None  # 95 % t-interval of the mean iAcc over the simulated batches
 
     @property
     def margin(self) -> float:
@@ -242,6 +243,9 @@ class Confidence:
                                "expected_iacc": round(self.expected_iacc, 4), "chance_iacc": round(self.chance_iacc, 4),
                                "informative": self.informative, "simulations": self.simulations,
                                "worst_margin": round(self.worst_margin, 4)}
+        head = self.by_composition.get(self.composition)
+        if head is not None and head.interval is not None:
+            out["expected_interval"] = [round(v, 4) for v in head.interval]
         if self.by_composition:
             out["by_composition"] = {name: _measured_json(m, self.compositions.get(name))
                                      for name, m in self.by_composition.items()}
@@ -261,6 +265,8 @@ def _measured_json(m: Measured, comp: Composition | None) -> dict[str, Any]:
             out["alpha"] = comp.alpha
     out.update({"simulations": m.simulations, "expected_iacc": round(m.expected_iacc, 4),
                 "chance_iacc": round(m.chance_iacc, 4), "margin": round(m.margin, 4), "beats_chance": m.beats_chance})
+    if m.interval is not None:
+        out["interval"] = [round(v, 4) for v in m.interval]
     if comp is not None:
         out["chance_draws"] = comp.draws
     return out
@@ -285,6 +291,17 @@ def conformal_half_width(errors: Sequence[int], level: float) -> int:
     if not ordered:
         raise GleakError("no simulated errors to calibrate on")
     return int(ordered[min(rank, len(ordered)) - 1])
+
+
+def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Student's t interval of the mean of ``values``, clipped to [0, 1] (None for fewer than two values)."""
+    from scipy.stats import t
+
+    if len(values) < 2:
+        return None
+    mean, spread = statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+    half = float(t.ppf(0.5 + level / 2, len(values) - 1)) * spread
+    return max(0.0, mean - half), min(1.0, mean + half)
 
 
 def _beats(margins: Sequence[float]) -> bool:
@@ -349,7 +366,7 @@ class _Tally:
         own chance); informative only when every composition beats chance; the headline numbers those of the
         composition with the smallest margin."""
         measured = {name: Measured(len(self.iaccs[name]), statistics.fmean(self.iaccs[name]),
-                                   compositions[name].chance_iacc, False)
+                                   compositions[name].chance_iacc, False, mean_interval(self.iaccs[name]))
                     for name in COMPOSITIONS if self.iaccs[name]}
         for name, m in measured.items():
             m.beats_chance = _beats(self.margins[name]) and m.margin > 0

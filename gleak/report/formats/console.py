@@ -278,6 +278,45 @@ def short_names(paths: Sequence[str]) -> tuple[str, dict[str, str]]:
     return common, names
 
 
+MAX_RUN_ROWS = 12  # console: the first and last rounds of a longer run, and the worst clients
+
+
+def print_run(console: Console, report: Report) -> None:
+    """The run view in short: the gate, when the findings stop, a few rounds and the worst clients."""
+    from gleak.report.run_view import clear_text, gate_text
+
+    view = report.run
+    if view is None:
+        return
+    names = [s.name for s in view.series]
+    clear = clear_text(view, report.fail_on)
+    console.print(f"[bold]run[/]: {sum(r.round is not None for r in view.rounds)} round(s), {len(view.clients)} "
+                  f"client(s); gate {gate_text(report)}" + (f"; {clear}" if clear else ""), soft_wrap=True)
+    table = Table(caption="max / median over each round's captures (chance)", caption_justify="left")
+    for col in ("round", "captures", "worst", *names):
+        table.add_column(col, no_wrap=True)
+    rows = view.rounds
+    half = MAX_RUN_ROWS // 2
+    shown = rows if len(rows) <= MAX_RUN_ROWS else [*rows[:half], None, *rows[-half:]]
+    for r in shown:
+        if r is None:
+            table.add_row(f"… {len(rows) - 2 * half} more", "", "", *[""] * len(names))
+            continue
+        cells = []
+        for n in names:
+            p = r.series.get(n)
+            cells.append("—" if p is None else f"{p.max:.2f} / {p.median:.2f}"
+                         + (f" ({p.chance:.2f})" if p.chance is not None else ""))
+        worst = f"[{STYLE[r.worst]}]{r.worst}[/]" if r.worst else "none"
+        table.add_row("unknown" if r.round is None else str(r.round), str(r.captures), worst, *cells)
+    console.print(table)
+    worst_clients = [c for c in view.clients if c.worst][:5]
+    for c in worst_clients:
+        console.print(f"  client {escape(c.client or '(no id)')}: worst [{STYLE[c.worst or 'info']}]{c.worst}[/]"
+                      + (f" in round {c.worst_round}" if c.worst_round is not None else "")
+                      + (f" ({c.worst_rule})" if c.worst_rule else ""), soft_wrap=True)
+
+
 def print_audit(console: Console, report: Report) -> None:
     """The console summary: findings by severity, one row per capture, the verdict."""
     from gleak.report.model import SEVERITIES, severity_rank
@@ -331,14 +370,18 @@ def print_audit(console: Console, report: Report) -> None:
                       soft_wrap=True)
     for n in report.notices:
         console.print(f"[yellow]note[/] {n.code} {escape(n.capture or '')}: {escape(n.message)}", soft_wrap=True)
+    if report.run is not None:
+        print_run(console, report)
     if report.has_errors():
         console.print("[bold red]some captures could not be audited (exit 2)[/]")
     elif report.fail_on == "none":
         console.print("verdict: reported only (--fail-on none)")
     elif report.failed():
-        console.print(f"[bold red]FAIL[/]: a finding at or above --fail-on {report.fail_on} (exit 1)")
+        console.print(f"[bold red]FAIL[/]: a finding at or above --fail-on {report.fail_on}"
+                      + (f" --fail-rounds {report.fail_rounds}" if report.fail_rounds != "any" else "") + " (exit 1)")
     else:
-        console.print(f"[bold green]PASS[/]: no finding at or above --fail-on {report.fail_on}")
+        console.print(f"[bold green]PASS[/]: no finding at or above --fail-on {report.fail_on}"
+                      + (f" --fail-rounds {report.fail_rounds}" if report.fail_rounds != "any" else ""))
 
 
 def print_inspect(console: Console, info: Mapping[str, Any], verbose: bool,

@@ -1,13 +1,17 @@
-"""``report.html``: one self-contained page (inline CSS, embedded PNG, inline SVG; no network, no JavaScript).
+"""``report.html``: one self-contained page (inline CSS, embedded PNG, inline SVG; no network).
 
 Built from ``gleak/report/templates/report.html.j2`` with autoescaping on: every string from the report
 (capture paths, metadata, reasons, the command) reaches the page escaped. The only markup made in Python is
-the SVG bar chart, assembled from numbers with its few text labels escaped.
+the SVG bar chart, assembled from numbers with its few text labels escaped, and the run view's matplotlib plots
+(their only text: our series titles and numbers). A run view's per-client table is sortable by one small inline
+script, allowed by its sha256 in the page's Content-Security-Policy and nothing else; the page reads the same
+without it.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import shlex
 from collections.abc import Sequence
@@ -17,6 +21,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from gleak.report.model import SEVERITIES, AttackEntry, CaptureReport, Report, Thresholds, severity_rank
+from gleak.report.run_view import clear_text, gate_text
 
 NAME = "html"
 FILENAME = "report.html"
@@ -30,6 +35,28 @@ SCORE_KEYS = ("iacc", "cacc", "exact", "identification", "psnr", "ssim", "lpips"
 SCORE_LABELS = {"iacc": "iAcc", "cacc": "cAcc", "exact": "exact", "identification": "identified",
                 "identification_chance": "chance", "psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS"}
 IMAGE_SCORE_KEYS = ("identification", "psnr", "ssim", "lpips")
+
+
+SORT_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("thead th button").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var th = button.parentElement, col = th.cellIndex, asc = th.getAttribute("aria-sort") !== "ascending";
+      table.querySelectorAll("thead th").forEach(function (h) { h.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", asc ? "ascending" : "descending");
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = a.cells[col].getAttribute("data-sort"), y = b.cells[col].getAttribute("data-sort");
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+        return asc ? c : -c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
+"""
+SORT_SCRIPT_HASH = "sha256-" + base64.b64encode(hashlib.sha256(SORT_SCRIPT.encode()).digest()).decode()
 
 
 def short_sha(sha: str | None) -> str:
@@ -235,6 +262,41 @@ def _thresholds() -> list[dict[str, str]]:
     return [{"name": name, "description": field.description or ""} for name, field in Thresholds.model_fields.items()]
 
 
+def _series_cell(point: Any) -> dict[str, str]:
+    if point is None:
+        return {"text": "—", "sort": ""}
+    chance = f" (chance {format_number(point.chance)})" if point.chance is not None else ""
+    return {"text": f"{format_number(point.max)} / {format_number(point.median)}{chance}", "sort": f"{point.max}"}
+
+
+def run_context(report: Report) -> dict[str, Any] | None:
+    """The run view for the template: plots (inline SVG), the per-round and per-client tables."""
+    view = report.run
+    if view is None:
+        return None
+    from gleak.report.plots import svg_markup
+
+    names = [s.name for s in view.series]
+    rounds = [{
+        "label": "unknown round" if r.round is None else str(r.round), "sort": "" if r.round is None else str(r.round),
+        "captures": r.captures, "clients": r.clients, "errors": r.errors, "worst": r.worst or "",
+        "worst_rank": severity_rank(r.worst) if r.worst else -1, "findings": r.findings, "gated": r.gated,
+        "series": [_series_cell(r.series.get(n)) for n in names]} for r in view.rounds]
+    clients = [{
+        "label": c.client if c.client is not None else "(no client id)", "captures": c.captures, "rounds": c.rounds,
+        "worst": c.worst or "", "worst_rank": severity_rank(c.worst) if c.worst else -1,
+        "worst_round": "" if c.worst_round is None else str(c.worst_round), "worst_rule": c.worst_rule or "",
+        "worst_title": c.worst_title or "",
+        "series": [{"text": format_number(c.series_max.get(n)), "sort": str(c.series_max.get(n, ""))} for n in names]}
+        for c in view.clients]
+    return {
+        "gate": gate_text(report), "clear": clear_text(view, report.fail_on),
+        "series": [{"name": s.name, "title": s.title, "metric": s.metric + (f" ({s.unit})" if s.unit else ""),
+                    "svg": Markup(svg_markup(view, s))} for s in view.series],
+        "rounds": rounds, "clients": clients, "known_rounds": sum(r.round is not None for r in view.rounds),
+    }
+
+
 def context(report: Report, out_dir: Path | None = None) -> dict[str, Any]:
     """Everything the template shows, as plain strings, numbers and the chart's Markup."""
     ids: dict[str, str] = {}
@@ -270,7 +332,7 @@ def context(report: Report, out_dir: Path | None = None) -> dict[str, Any]:
         "has_errors": report.has_errors(),
         "run": [
             ("budget", report.budget),
-            ("fail on", f"≥ {report.fail_on}"),
+            ("fail on", gate_text(report) if report.run is not None else f"≥ {report.fail_on}"),
             ("seed", str(report.seed)),
             ("device", report.device),
             ("threads", "—" if report.threads is None else str(report.threads)),
@@ -278,6 +340,9 @@ def context(report: Report, out_dir: Path | None = None) -> dict[str, Any]:
             ("seconds", f"{report.seconds:.2f}"),
         ],
         "command": shlex.join(report.command) if report.command else "",
+        "rounds_view": run_context(report),
+        "sort_script": Markup(SORT_SCRIPT) if report.run is not None else "",
+        "script_hash": SORT_SCRIPT_HASH if report.run is not None else "",
         "thresholds": [dict(t, value=format_number(thresholds[t["name"]])) for t in _thresholds()],
         "gleak_version": report.gleak_version,
         "schema_version": report.schema_version,

@@ -11,6 +11,13 @@ path and ``name`` the check:
   ``<system-out>``, otherwise; ``<skipped>`` when the check did not run (the reason from the capture's
   ``skipped`` list where it has one).
 
+With ``--fail-rounds last:K`` a capture outside the K latest rounds fails no check: its findings are listed in
+``<system-out>``; with ``all`` no capture check fails and the run's ``gate`` case below decides. When captures
+record rounds (the report's run view), a second ``<testsuite name="gleak audit: rounds">`` holds one case per round
+(``classname`` ``run``, ``name`` ``round N`` or ``unknown round``: a ``<failure>`` when a gated round has a finding
+at or above ``--fail-on``, the round's series in ``<system-out>``) and the case ``gate``, failing when the audit
+does.
+
 Findings of a type gleak does not know become a check named after the rule. Text is escaped by ElementTree;
 characters XML 1.0 cannot hold at all (control characters, undecodable file-name bytes) are written as
 ``\\xNN`` / ``\\uNNNN`` escapes so that the file always parses.
@@ -23,12 +30,14 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from gleak.report.model import CaptureReport, Finding, Report, severity_rank
+from gleak.report.model import CaptureReport, Finding, Report, RunView, severity_rank
+from gleak.report.run_view import gate_text
 
 NAME = "junit"
 FILENAME = "junit.xml"
 
 SUITE = "gleak audit"
+ROUNDS_SUITE = "gleak audit: rounds"
 CHECKS: tuple[str, ...] = ("labels", "soft-label", "images")
 CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-LABELS": "labels",
@@ -124,9 +133,9 @@ def _check_seconds(capture: CaptureReport, check: str) -> float:
 
 
 class _Suite:
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: Report, name: str = SUITE) -> None:
         self.report = report
-        self.element = ET.Element("testsuite")
+        self.element = ET.Element("testsuite", name=name)
         self.tests = self.failures = self.errors = self.skipped = 0
 
     def case(self, classname: str, name: str, seconds: float = 0.0) -> ET.Element:
@@ -134,11 +143,14 @@ class _Suite:
         return ET.SubElement(self.element, "testcase", classname=xml_text(classname), name=xml_text(name),
                              time=f"{max(seconds, 0.0):.3f}")
 
-    def check(self, classname: str, name: str, findings: list[Finding], skip: str | None, seconds: float) -> None:
+    def check(self, classname: str, name: str, findings: list[Finding], skip: str | None, seconds: float,
+              gated: bool = True) -> None:
         case = self.case(classname, name, seconds)
         fail_rank = severity_rank(self.report.fail_on)
         failing = sorted((f for f in findings if severity_rank(f.severity) >= fail_rank),
                          key=lambda f: -severity_rank(f.severity))
+        outside = failing if not gated else []
+        failing = failing if gated else []
         if failing:
             self.failures += 1
             worst = failing[0]
@@ -148,10 +160,52 @@ class _Suite:
             self.skipped += 1
             ET.SubElement(case, "skipped", message=xml_text(skip))
         below = [f for f in findings if severity_rank(f.severity) < fail_rank]
+        text = []
+        if outside:
+            text.append(f"findings outside the gate ({gate_text(self.report)}):\n"
+                        + "\n".join(_describe(f) for f in outside))
         if below:
-            out = ET.SubElement(case, "system-out")
-            out.text = xml_text(f"findings below --fail-on {self.report.fail_on}:\n"
-                                + "\n".join(_describe(f) for f in below))
+            text.append(f"findings below --fail-on {self.report.fail_on}:\n" + "\n".join(_describe(f) for f in below))
+        if text:
+            ET.SubElement(case, "system-out").text = xml_text("\n".join(text))
+
+    def totals(self, seconds: float) -> dict[str, str]:
+        counts = {"tests": str(self.tests), "failures": str(self.failures), "errors": str(self.errors),
+                  "skipped": str(self.skipped), "time": f"{max(seconds, 0.0):.3f}"}
+        self.element.attrib.update(counts)
+        return counts
+
+
+def _gated(report: Report, capture: CaptureReport) -> bool:
+    """Whether the gate looks at this capture's findings (see the module docstring)."""
+    if report.fail_rounds == "any" or not any(c.round is not None for c in report.captures):
+        return True
+    if report.fail_rounds == "all":
+        return False
+    return capture.round is None or capture.round in report.gated_rounds()
+
+
+def _rounds_suite(report: Report, view: RunView) -> _Suite:
+    suite = _Suite(report, ROUNDS_SUITE)
+    fail_rank = severity_rank(report.fail_on)
+    scope_all = report.fail_rounds == "all"
+    for r in view.rounds:
+        case = suite.case("run", "unknown round" if r.round is None else f"round {r.round}")
+        series = "; ".join(f"{name}: max {_fmt(p.max)}, median {_fmt(p.median)}"
+                           + (f", chance {_fmt(p.chance)}" if p.chance is not None else "")
+                           for name, p in r.series.items())
+        summary = (f"{r.captures} capture(s), {r.clients} client(s), {r.findings} finding(s), worst "
+                   f"{r.worst or 'none'}" + (f"; {series}" if series else ""))
+        if r.worst is not None and severity_rank(r.worst) >= fail_rank and r.gated and not scope_all:
+            suite.failures += 1
+            ET.SubElement(case, "failure", message=xml_text(f"round has a finding ≥ {report.fail_on}"),
+                          type="GLEAK-ROUND").text = xml_text(summary)
+        ET.SubElement(case, "system-out").text = xml_text(summary + ("" if r.gated else " (outside the gate)"))
+    case = suite.case("run", "gate")
+    if report.failed():
+        suite.failures += 1
+        ET.SubElement(case, "failure", message=xml_text(f"a finding {gate_text(report)}"), type="GLEAK-GATE")
+    return suite
 
 
 def build(report: Report) -> ET.Element:
@@ -177,23 +231,25 @@ def build(report: Report) -> ET.Element:
         checks = list(CHECKS) + sorted({check_of(f.rule) for f in findings} - set(CHECKS))
         for check in checks:
             mine = [f for f in findings if check_of(f.rule) == check]
-            suite.check(path, check, mine, _skip_reason(capture, check), _check_seconds(capture, check))
+            suite.check(path, check, mine, _skip_reason(capture, check), _check_seconds(capture, check),
+                        _gated(report, capture))
     for path, findings in by_capture.items():  # findings on a capture the report does not list
         if path in seen:
             continue
         for check in sorted({check_of(f.rule) for f in findings}):
             suite.check(path, check, [f for f in findings if check_of(f.rule) == check], None, 0.0)
 
-    counts = {"tests": str(suite.tests), "failures": str(suite.failures), "errors": str(suite.errors),
-              "skipped": str(suite.skipped), "time": f"{max(report.seconds, 0.0):.3f}"}
-    root = ET.Element("testsuites", {"name": SUITE, **counts})
-    suite.element.attrib.update({"name": SUITE, **counts})
+    suites = [suite] + ([_rounds_suite(report, report.run)] if report.run is not None else [])
+    totals = [s.totals(report.seconds if i == 0 else 0.0) for i, s in enumerate(suites)]
+    counts = {k: str(sum(int(t[k]) for t in totals)) for k in ("tests", "failures", "errors", "skipped")}
+    root = ET.Element("testsuites", {"name": SUITE, **counts, "time": f"{max(report.seconds, 0.0):.3f}"})
     properties = ET.Element("properties")
     for key, value in (("gleak_version", report.gleak_version), ("budget", report.budget),
-                       ("fail_on", report.fail_on), ("seed", str(report.seed)), ("device", report.device)):
+                       ("fail_on", report.fail_on), ("fail_rounds", report.fail_rounds), ("seed", str(report.seed)),
+                       ("device", report.device)):
         ET.SubElement(properties, "property", name=key, value=xml_text(value))
     suite.element.insert(0, properties)
-    root.append(suite.element)
+    root.extend(s.element for s in suites)
     return root
 
 

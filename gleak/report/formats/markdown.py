@@ -1,7 +1,9 @@
 """``report.md``: a short Markdown summary for pull-request comments and ``$GITHUB_STEP_SUMMARY``.
 
-A verdict line, the findings, one row per capture and the notices. Every string from the report goes through
-:func:`md_escape`, so a capture named ``[x](http://evil)`` or holding ``<script>`` shows as text.
+A verdict line, the findings, the run view (when captures record rounds or clients: the gate, the plots beside
+the report, one row per round and the worst clients), one row per capture and the notices. Every string
+from the report goes through :func:`md_escape`, so a capture named ``[x](http://evil)`` or holding ``<script>``
+shows as text.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ import math
 import shlex
 from pathlib import Path
 
-from gleak.report.model import AttackEntry, CaptureReport, Report, severity_rank
+from gleak.report.model import AttackEntry, CaptureReport, Report, RoundSummary, RunView, severity_rank
+from gleak.report.run_view import clear_text, gate_text
 
+MAX_ROUND_ROWS = 50  # longer runs: the first and the last rounds, an ellipsis row between
+MAX_CLIENT_ROWS = 10  # the worst clients
 NAME = "md"
 FILENAME = "report.md"
 
@@ -86,6 +91,50 @@ def _capture_row(capture: CaptureReport) -> str:
     return f"| {name} | ok | {attack} | {_num(iacc)} | {margin} | {_images(capture)} |"
 
 
+def _point(r: RoundSummary, name: str) -> str:
+    point = r.series.get(name)
+    if point is None:
+        return "—"
+    chance = f" ({_num(point.chance)})" if point.chance is not None else ""
+    return f"{_num(point.max)} / {_num(point.median)}{chance}"
+
+
+def run_section(report: Report, view: RunView) -> list[str]:
+    """The per-round summary: the gate, the plots (PNG beside the report), rounds and worst clients."""
+    names = [s.name for s in view.series]
+    clear = clear_text(view, report.fail_on)
+    lines = ["### Leakage over rounds", "",
+             f"Gate: {gate_text(report)}" + (f"; {clear}" if clear else "") + ". Per round: max / median over its "
+             "captures (chance in brackets).", ""]
+    lines += [f"![{md_escape(s.title)}]({name})" for s, name in zip(view.series, view.plots, strict=False)]
+    if view.plots:
+        lines.append("")
+    lines += ["| Round | Captures | Clients | Worst | " + " | ".join(md_escape(n) for n in names) + " |",
+              "|---|---:|---:|---|" + "---:|" * len(names)]
+    rows = view.rounds
+    shown: list[RoundSummary | None] = list(rows)
+    if len(rows) > MAX_ROUND_ROWS:
+        shown = [*rows[:10], None, *rows[len(rows) - (MAX_ROUND_ROWS - 10):]]
+    for r in shown:
+        if r is None:
+            lines.append(f"| … {len(rows) - MAX_ROUND_ROWS} more … | | | |" + " |" * len(names))
+            continue
+        label = "unknown round" if r.round is None else str(r.round)
+        gated = "" if r.gated else " (not gated)"
+        lines.append(f"| {label}{gated} | {r.captures} | {r.clients} | {r.worst or 'none'} | "
+                     + " | ".join(_point(r, n) for n in names) + " |")
+    lines += ["", "| Client | Captures | Rounds | Worst | Worst round | Worst finding |",
+              "|---|---:|---:|---|---:|---|"]
+    for c in view.clients[:MAX_CLIENT_ROWS]:
+        name = md_escape(c.client) if c.client is not None else "(no client id)"
+        finding = f"{md_escape(c.worst_rule)}: {md_escape(c.worst_title or '')}" if c.worst_rule else "—"
+        lines.append(f"| {name} | {c.captures} | {c.rounds} | {c.worst or 'none'} | "
+                     f"{'—' if c.worst_round is None else c.worst_round} | {finding} |")
+    if len(view.clients) > MAX_CLIENT_ROWS:
+        lines.append(f"| … {len(view.clients) - MAX_CLIENT_ROWS} more clients (report.json, report.html) | | | | | |")
+    return [*lines, ""]
+
+
 def render(report: Report, out_dir: Path | None = None) -> str:
     """The summary as GitHub-flavoured Markdown (``out_dir`` is not needed: nothing is embedded)."""
     verdict = "FAIL" if report.failed() else "PASS"
@@ -94,7 +143,7 @@ def render(report: Report, out_dir: Path | None = None) -> str:
     lines = [
         f"## {icon} gleak audit: **{verdict}**",
         "",
-        f"Worst finding: **{worst or 'none'}** (fails at ≥ {report.fail_on}); "
+        f"Worst finding: **{worst or 'none'}** (fails at {gate_text(report)}); "
         f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}, "
         f"{len(report.captures)} capture{'s' if len(report.captures) != 1 else ''}, budget {report.budget}, "
         f"gleak {md_escape(report.gleak_version)}.",
@@ -112,6 +161,8 @@ def render(report: Report, out_dir: Path | None = None) -> str:
         lines.append("")
     else:
         lines += ["No findings.", ""]
+    if report.run is not None:
+        lines += run_section(report, report.run)
     if report.captures:
         lines += ["### Captures", "",
                   "| Capture | Status | Best label attack | iAcc | Over chance | Images (identification in lineups) |",

@@ -41,6 +41,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
     try:
         report.capture.sha256 = file_sha256(path)
         capture = load_capture(path)
+        report.round, report.client = capture.get("gleak.fl.round"), capture.get("gleak.fl.client_id")
         model_path, loaded = models.match(capture)
         report.model = FileRef(path=str(model_path), sha256=loaded.weights_sha256 or None)
         truth_file = truth_path_for(path)
@@ -66,7 +67,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     made with the same model weights and forward mode."""
     started = time.perf_counter() if started is None else started
     label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
-    report = report or CaptureReport(capture=FileRef(path=label))
+    report = report or CaptureReport(capture=FileRef(path=label), round=capture.get("gleak.fl.round"),
+                                     client=capture.get("gleak.fl.client_id"))
     path = report.capture.path
     notices: list[Notice] = []
     stages = report.stage_seconds = dict(report.stage_seconds or {})
@@ -112,7 +114,7 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     simulations = config.confidence if counts is None and ctx.aux is not None else 0
     calibration_cache = cache.setdefault(("confidence",), {}) if cache is not None and simulations else None
     for result in run_label_attacks(ctx, label_attacks, counts, None, soft_truth(ctx, truth), simulations,
-                                    calibration_cache):
+                                    calibration_cache, combine=simulations > 0):
         report.attacks.append(_entry(result, "labels", dict(result.scores) if result.scores is not None else None))
         if result.status == "not_applicable":
             report.skipped.append(f"{result.attack}: {result.reason}")

@@ -16,12 +16,15 @@ Findings and their thresholds (defaults in :class:`~gleak.report.model.Threshold
   critical) on the identification of twin batches simulated like the capture's (:mod:`gleak.runs.audit.expected`).
 * ``GLEAK-LABELS-AGREE`` (no ground truth) — independent label attacks that agree exactly: info, since only
   the truth can say whether they agree on the right answer.
-* ``GLEAK-LABELS-EXPECTED`` (no ground truth, ``--confidence``) — the best informative attack's expected iAcc on
-  batches simulated like the capture's, against chance for batches drawn the same way (on the composition where
-  its margin is smallest), by the GLEAK-LABELS ladder; never critical.
-* ``GLEAK-LABELS-ABSTAINED`` (no ground truth, ``--confidence``) — no label attack beats chance on batches
-  simulated like the capture's: gleak abstains on the labels. Info: an answer ("not recoverable here by these
-  attacks"), neither a leak nor an error; it names the best attack and its margin over chance per composition.
+* ``GLEAK-LABELS-EXPECTED`` (no ground truth, ``--aux`` and ``--confidence``) — the calibrated answer: the label
+  attacks and their stacked combination calibrated together on batches simulated like the capture's, and the
+  selector's choice among them (the best worst-case margin over chance); its expected iAcc with a 95 % interval
+  against chance for batches drawn the same way (on the composition where its margin is smallest), by the
+  GLEAK-LABELS ladder on that expectation; never critical.
+* ``GLEAK-LABELS-ABSTAINED`` (no ground truth, ``--confidence``) — the selector abstains: no label attack nor their
+  combination beats chance on batches simulated like the capture's. Info: an answer ("not recoverable here by
+  these attacks"), neither a leak nor an error; it names the best candidate and its margin over chance per
+  composition.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
         abstained = abstained_finding(report)
         if abstained is not None:
             findings.append(abstained)
-        ok = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.counts is not None]
+        ok = [a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.counts is not None
+              and a.attack != SELECTOR]  # the selector repeats a candidate's counts: no second vote
         groups: dict[tuple[int, ...], list[str]] = {}
         for a in ok:
             groups.setdefault(tuple(a.counts or ()), []).append(a.attack)
@@ -76,6 +80,9 @@ def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
                 measured=round(len(agreeing) / len(ok), 4), metric="agreement",
                 detail=f"{', '.join(agreeing)}; without ground truth, agreement is not proof of a leak"))
     return findings
+
+
+SELECTOR = "calibrated"  # the calibrated selector's entry (gleak.attacks.labels.calibrated)
 
 
 def label_severity(iacc: float, chance: float, th: Thresholds, exact: bool) -> tuple[Severity | None, float]:
@@ -93,9 +100,22 @@ def label_severity(iacc: float, chance: float, th: Thresholds, exact: bool) -> t
 
 
 def _calibrated(report: CaptureReport) -> dict[str, AttackEntry]:
-    """The label attacks that ran and were calibrated on simulated batches (no truth, ``--confidence``)."""
+    """The label attacks that ran and were calibrated on simulated batches (no truth, ``--confidence``), the
+    selector's entry left out."""
     return {a.attack: a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
-            and a.confidence.get("calibrated")}
+            and a.confidence.get("calibrated") and a.attack != SELECTOR}
+
+
+def _selector(report: CaptureReport) -> AttackEntry | None:
+    """The calibrated selector's answer (counts or an abstention, with its calibration), when the audit made one."""
+    return next((a for a in report.attacks if a.attack == SELECTOR and a.status in ("ok", "abstained")
+                 and a.confidence and "expected_iacc" in a.confidence), None)
+
+
+def _interval(conf: Mapping[str, Any]) -> str:
+    """' [0.74, 0.88]' (the expected iAcc's 95 % interval), or nothing."""
+    low_high = conf.get("expected_interval")
+    return f" [{low_high[0]:.0%}, {low_high[1]:.0%}]" if low_high else ""
 
 
 def _worst_margin(conf: Mapping[str, Any]) -> float:
@@ -124,23 +144,32 @@ def expected_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
     judged by the GLEAK-LABELS thresholds; never critical (exactness needs the truth)."""
     from gleak.attacks.labels.confidence import best_informative
 
-    calibrated = _calibrated(report)
-    name = best_informative({n: a.confidence or {} for n, a in calibrated.items()})
-    if name is None:
-        return None
-    best, conf = calibrated[name], calibrated[name].confidence or {}
+    selector = _selector(report)
+    if selector is not None:
+        if selector.status != "ok":
+            return None  # abstained: abstained_finding says so
+        conf = selector.confidence or {}
+        attack, name = SELECTOR, f"{SELECTOR} ({conf.get('chosen', '?')})"
+    else:  # an audit without the selector: the best informative single attack
+        calibrated = _calibrated(report)
+        best_name = best_informative({n: a.confidence or {} for n, a in calibrated.items()})
+        if best_name is None:
+            return None
+        conf, attack = calibrated[best_name].confidence or {}, best_name
+        name = attack
     iacc, chance = float(conf["expected_iacc"]), float(conf["chance_iacc"])
     severity, threshold = label_severity(iacc, chance, th, exact=False)
     if severity is None:
         return None
     by = _by_composition(conf)
     return Finding(
-        rule="GLEAK-LABELS-EXPECTED", severity=severity, capture=report.capture.path, attack=best.attack,
-        title=f"{best.attack} is expected to recover {iacc:.0%} of the labels (chance {chance:.0%}) on "
+        rule="GLEAK-LABELS-EXPECTED", severity=severity, capture=report.capture.path, attack=attack,
+        title=f"{name} is expected to recover {iacc:.0%}{_interval(conf)} of the labels (chance {chance:.0%}) on "
               f"{_composition(conf)}, measured on {conf['simulations']} batches simulated like this one",
         measured=round(iacc, 4), metric="expected_iacc", chance=round(chance, 4), threshold=round(threshold, 4),
-        detail=f"no ground truth; {100 * conf['level']:.0f} % count intervals ±{conf['half_width']} per class"
-               + (f"; by composition: {by}" if by else ""))
+        detail=f"no ground truth; expected iAcc {iacc:.3f}{_interval(conf)} (95 % interval over the simulated "
+               f"batches) vs chance {chance:.3f}; {100 * conf['level']:.0f} % count intervals ±{conf['half_width']} "
+               "per class" + (f"; by composition: {by}" if by else ""))
 
 
 def abstained_finding(report: CaptureReport) -> Finding | None:
@@ -148,17 +177,25 @@ def abstained_finding(report: CaptureReport) -> Finding | None:
     capture's, the audit's answer on the labels — it abstains (info; the best attack's margin over chance)."""
     from gleak.attacks.labels.confidence import best_informative
 
-    calibrated = _calibrated(report)
-    if not calibrated or best_informative({n: a.confidence or {} for n, a in calibrated.items()}) is not None:
-        return None
-    name = max(calibrated, key=lambda n: _worst_margin(calibrated[n].confidence or {}))
-    conf = calibrated[name].confidence or {}
+    selector = _selector(report)
+    if selector is not None:
+        if selector.status != "abstained":
+            return None
+        conf = selector.confidence or {}
+        name = str(conf.get("attack", SELECTOR))
+        considered = len(conf.get("expected_iacc_by_attack") or {}) or 1
+    else:
+        calibrated = _calibrated(report)
+        if not calibrated or best_informative({n: a.confidence or {} for n, a in calibrated.items()}) is not None:
+            return None
+        name = max(calibrated, key=lambda n: _worst_margin(calibrated[n].confidence or {}))
+        conf, considered = calibrated[name].confidence or {}, len(calibrated)
     iacc, chance, margin = float(conf["expected_iacc"]), float(conf["chance_iacc"]), _worst_margin(conf)
     by = _by_composition(conf)
     return Finding(
         rule="GLEAK-LABELS-ABSTAINED", severity="info", capture=report.capture.path, attack=name,
         title=f"gleak abstains on the labels: no label attack beats chance on batches simulated like this one "
-              f"(best of {len(calibrated)}: {name}, {iacc:.0%} vs chance {chance:.0%} on {_composition(conf)})",
+              f"(best of {considered}: {name}, {iacc:.0%} vs chance {chance:.0%} on {_composition(conf)})",
         measured=round(iacc, 4), metric="expected_iacc", chance=round(chance, 4),
         detail=f"worst-case margin over chance {margin:+.3f}" + (f" ({by})" if by else "")
                + f", on {conf['simulations']} simulated batches; the labels are not recoverable here by these "

@@ -12,6 +12,7 @@ import torch
 
 from gleak import __version__
 from gleak.report.model import ExecutorName, Report
+from gleak.report.run_view import build_run_view
 from gleak.runs.audit.capture import CaptureResult
 from gleak.runs.audit.executors import WorkerSetup, run_captures
 from gleak.runs.audit.setup import AuditConfig, ModelSet, find_captures, find_models
@@ -32,7 +33,8 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
     files = find_captures(captures)
     model_files = find_models(model_paths)
     report = Report(gleak_version=__version__, command=list(config.command), budget=config.budget,
-                    fail_on=config.fail_on, seed=config.seed, device=str(resolve_device(config.device)),
+                    fail_on=config.fail_on, fail_rounds=config.fail_rounds,
+                    seed=config.seed, device=str(resolve_device(config.device)),
                     threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs, executor=executor)
     store = ModelSet.load(model_files, config)  # every file hashed once, one model in memory at a time
     setup = WorkerSetup(tuple(model_files), tuple(aux_paths), config, torch.get_num_threads(),
@@ -48,5 +50,6 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
         report.captures.append(entry[0])
         report.findings += entry[1]
         report.notices += entry[2]
+    report.run = build_run_view(report)
     report.seconds = round(time.perf_counter() - started, 3)
     return report

@@ -39,6 +39,7 @@ class AuditConfig:
 
     budget: Budget = "quick"
     fail_on: FailOn = "high"
+    fail_rounds: str = "any"  # the rounds the gate looks at: any, last:K or all (parse_fail_rounds)
     thresholds: Thresholds = field(default_factory=Thresholds)
     seed: int = 0
     device: str = "auto"
@@ -57,6 +58,7 @@ class AuditConfig:
     def __post_init__(self) -> None:
         choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
         choose(self.fail_on, FAIL_ON, "--fail-on")
+        self.fail_rounds = parse_fail_rounds(self.fail_rounds)
         if self.model_cache < 1:
             raise GleakError(f"--model-cache must be ≥ 1, got {self.model_cache}")
         if not 1 <= self.lineup <= 99:
@@ -64,11 +66,22 @@ class AuditConfig:
         if self.max_memory is None:  # once, when the audit is set up: every capture gets the same budget
             self.max_memory = default_max_memory()
 
-
     def attack_options(self, name: str, budget: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What configures attack ``name``: the budget's bounds (e.g. ``{"iterations": 500}``), then the user's
         ``-O`` values, which win."""
         return {**(budget or {}), **self.options.get(name, {})}
+
+
+def parse_fail_rounds(value: str) -> str:
+    """``any``, ``all`` or ``last:K`` (K ≥ 1), normalised; anything else is one line naming the choices."""
+    text = str(value).strip().lower().replace(" ", "")
+    if text in ("any", "all"):
+        return text
+    head, _, k = text.partition(":")
+    if head == "last" and k.isdigit() and 1 <= int(k) <= 10**9 - 1:
+        return f"last:{int(k)}"
+    raise GleakError(f"--fail-rounds {value!r}: expected any (a finding in any round fails), last:K (only the K "
+                     "latest rounds, e.g. last:3) or all (a finding in every round)")
 
 
 # ----------------------------------------------------------------------------------------------- discovery

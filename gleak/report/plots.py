@@ -1,0 +1,87 @@
+"""The run view's plots (matplotlib, Agg and SVG back ends, no pyplot state): one figure per leakage series, the
+max and the median over the round's clients against the round, with the chance level where the metric has one.
+
+Every plot carries an accessible name saying what it shows (the series' title, e.g. "best label iAcc over
+rounds"): the SVG gets ``role="img"``, ``aria-label`` and a ``<title>``; the HTML and Markdown reports use it as
+the PNG's ``alt`` text. Output is deterministic (no dates, a fixed SVG id salt), so the same report gives the same
+bytes. matplotlib is imported only when a run view is drawn.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import TYPE_CHECKING
+
+from markupsafe import escape
+
+from gleak.report.model import RunView, SeriesInfo
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PLOT_PREFIX = "run-"  # run-<series>.png beside the reports
+
+
+def plot_name(info: SeriesInfo) -> str:
+    """The PNG's file name beside the reports, e.g. ``run-label_iacc.png``."""
+    return f"{PLOT_PREFIX}{info.name}.png"
+
+
+def figure(view: RunView, info: SeriesInfo) -> Figure:
+    """The series ``info`` of ``view`` over the known rounds (the unknown-round group is left out: it has no x)."""
+    from matplotlib.figure import Figure
+
+    points = [(r.round, r.series[info.name]) for r in view.rounds if r.round is not None and info.name in r.series]
+    fig = Figure(figsize=(6.4, 3.0), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    xs = [r for r, _ in points]
+    marker = "o" if len(xs) <= 40 else None
+    ax.plot(xs, [p.max for _, p in points], color="#dc2626", marker=marker, markersize=3, label="max over clients")
+    ax.plot(xs, [p.median for _, p in points], color="#2563eb", linestyle="--", marker=marker, markersize=3,
+            label="median over clients")
+    chance = [(r, p.chance) for r, p in points if p.chance is not None]
+    if chance:
+        ax.plot([r for r, _ in chance], [c for _, c in chance], color="#6b7280", linestyle=":", label="chance")
+    unit = f" ({info.unit})" if info.unit else ""
+    ax.set_xlabel("round")
+    ax.set_ylabel(info.metric + unit)
+    ax.set_title(info.title, fontsize=10)
+    if xs and all(float(x).is_integer() for x in xs) and max(xs) - min(xs) <= 20:
+        ax.set_xticks(range(min(xs), max(xs) + 1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+def png_bytes(view: RunView, info: SeriesInfo) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figure(view, info)
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def svg_markup(view: RunView, info: SeriesInfo) -> str:
+    """The plot as inline SVG markup (no XML prolog), with ``role="img"``, ``aria-label`` and a ``<title>``."""
+    import matplotlib
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
+
+    fig = figure(view, info)
+    FigureCanvasSVG(fig)
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "gleak", "svg.fonttype": "none"}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    text = buffer.getvalue()
+    start = text.index("<svg")
+    label = str(escape(info.title))
+    text = re.sub(r"<svg ", f'<svg role="img" aria-label="{label}" class="run-plot" ', text[start:], count=1)
+    head_end = text.index(">") + 1
+    return text[:head_end] + f"<title>{label}</title>" + text[head_end:]
+
+
+def run_plots(view: RunView) -> dict[str, bytes]:
+    """Every series' PNG, by file name."""
+    return {plot_name(info): png_bytes(view, info) for info in view.series}
