@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT := out/demo
 
-.PHONY: setup demo test docs lint bench samples clean flower-example
+.PHONY: setup demo test docs lint bench samples clean flower-example fl-run
 
 bench: setup
 	$(BIN)/python bench/labels.py
@@ -43,6 +43,15 @@ flower-example: setup
 	$(BIN)/python examples/flower/run.py --out out/flower --force
 	$(BIN)/gleak audit out/flower/captures --model out/flower/captures/models --aux samples/data/mnist_aux.safetensors \
 		-o out/flower/audit --format table,html,json --fail-on none --force
+
+# a whole FL run: 20 rounds x 5 clients of LeNet-5 trained from scratch, captured by gleak's mod, then audited
+fl-run: setup
+	GLEAK_EXTRAS=dev,flower bash scripts/setup-venv.sh
+	$(BIN)/python examples/flower/run.py --out out/fl-run --rounds 20 --clients 5 --local-steps 10 --lr 0.1 \
+		--no-audit --force
+	$(BIN)/gleak audit out/fl-run/captures --model out/fl-run/captures/models \
+		--aux samples/data/mnist_aux.safetensors --fail-on high --fail-rounds last:3 \
+		-o out/fl-run/audit --format table,html,json,md --force
 
 # the fast suite (about 2 minutes on 2 cores), then the integration tests: a Flower simulation, NVFlare's classes,
 # a local Ray instance (the extras flower, nvflare and ray are installed for them; docs for CI's docs build)

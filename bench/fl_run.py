@@ -263,7 +263,8 @@ def write(results: dict[str, Any]) -> None:
              f"gleak's capture mod (writer thread, truth files); audit: quick budget, `--aux mnist_aux --lpips off`.",
              "", "| step | wall s | largest process RSS MiB | process tree RSS MiB (peak sum) | exit |",
              "|---|---|---|---|---|"]
-    for label, key in (("federation (run.py, Ray)", "federation"), ("audit, --executor local", "audit_local"),
+    for label, key in (("federation (run.py, Ray)", "federation"),
+                       ("audit, --executor local (--jobs auto)", "audit_local"),
                        ("audit, --executor ray --jobs 2", "audit_ray")):
         r = m.get(key)
         if r:

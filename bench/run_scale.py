@@ -9,7 +9,8 @@
   command with another checkout's gleak package first on the path (e.g. a worktree of the commit before the
   model store) for comparison.
 * executors — C captures of one round (one model): ``--jobs 1``, ``--jobs 2`` (local processes) and ``--executor
-  ray --jobs 2``; wall time, captures/s and the peak RSS of the largest process (the driver or a worker).
+  ray --jobs 2``, and ``--jobs auto`` (the default); wall time, captures/s and the peak RSS of the largest process
+  (the driver or a worker); the break-even of a pool, fitted on the two largest runs.
 
 Writes bench/results/run-scale.md (and .json). Run it on an otherwise idle machine; it states the CPU count.
 """
@@ -93,17 +94,25 @@ def memory(rounds: list[int], baseline: Path | None) -> dict[str, Any]:
     return {"rows": rows, "baseline": str(baseline) if baseline else None}
 
 
-def executors(captures: list[int]) -> dict[str, Any]:
-    rows = []
+def executors(captures: list[int], only: str | None = None, earlier: list[dict[str, Any]] | None = None,
+              ) -> dict[str, Any]:
+    """Every executor at every size; with ``only``, just the executors whose label contains it, replacing those rows
+    of ``earlier``."""
+    rows = [r for r in earlier or [] if only is not None and only not in r["executor"]]
     for n in captures:
         run = make_run(WORK / f"captures-{n}", n, same_model=True)
-        for label, extra in (("local, --jobs 1", []), ("local, --jobs 2", ["--jobs", "2"]),
+        for label, extra in (("local, --jobs 1", ["--jobs", "1"]), ("local, --jobs 2", ["--jobs", "2"]),
+                             ("local, --jobs auto", ["--jobs", "auto"]),
                              ("ray, --jobs 2", ["--executor", "ray", "--jobs", "2"])):
+            if only is not None and only not in label:
+                continue
             result = measure(gleak_command(ROOT, run, extra))
             result.update(captures=n, executor=label,
                           per_second=round(n / result["seconds"], 2) if result["seconds"] else None)
             rows.append(result)
             print(json.dumps(result), flush=True)
+    order = ["local, --jobs 1", "local, --jobs 2", "local, --jobs auto", "ray, --jobs 2"]
+    rows.sort(key=lambda r: (r["captures"], order.index(r["executor"]) if r["executor"] in order else 99))
     return {"rows": rows}
 
 
@@ -133,7 +142,31 @@ def write(results: dict[str, Any]) -> None:
             lines.append(f"| {row['captures']} | {row['executor']} | {row['seconds']} | {row['per_second']} | "
                          f"{row['peak_rss_mib']} |")
         lines.append("")
+        lines += break_even(e["rows"])
     (OUT / "run-scale.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def break_even(rows: list[dict[str, Any]]) -> list[str]:
+    """The --jobs 2 break-even from the two largest runs: wall = start + captures × per-capture seconds for each
+    executor; a pool pays once the sequential work left exceeds its extra start-up over the time it saves."""
+    sizes = sorted({r["captures"] for r in rows})[-2:]
+    if len(sizes) < 2:
+        return []
+    fit = {}
+    for label in ("local, --jobs 1", "local, --jobs 2", "ray, --jobs 2"):
+        (a, b) = [next(r for r in rows if r["captures"] == n and r["executor"] == label) for n in sizes]
+        per = (b["seconds"] - a["seconds"]) / (sizes[1] - sizes[0])
+        fit[label] = (a["seconds"] - per * sizes[0], per)
+    (s1, t1), out = fit["local, --jobs 1"], []
+    for label in ("local, --jobs 2", "ray, --jobs 2"):
+        s2, t2 = fit[label]
+        work = (s2 - s1) / (1 - t2 / t1)  # sequential seconds of auditing left from which the pool is faster
+        out.append(f"- {label}: start-up {s2:.2f} s vs {s1:.2f} s for one process, {t2 * 1000:.1f} ms vs "
+                   f"{t1 * 1000:.1f} ms per capture ({t1 / t2:.2f}× the throughput): it pays from "
+                   f"{work:.1f} s of sequential work, here {work / t1:.0f} captures.")
+    return ["Fit on the two largest runs (wall = start-up + captures × seconds per capture):", "", *out, "",
+            "`--jobs auto` (the default) starts in one process and hands the captures left to one worker per CPU "
+            "once they would take longer than 4.5 s at the pace measured so far.", ""]
 
 
 def main() -> None:
@@ -142,13 +175,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument("--captures", type=int, nargs="+", default=[20, 100])
     parser.add_argument("--baseline", type=Path, help="another checkout of gleak, for the before column")
+    parser.add_argument("--only", help="executors: re-measure only those whose label contains this (e.g. auto)")
     args = parser.parse_args()
     path = OUT / "run-scale.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     if args.part == "memory":
         results["memory"] = memory(args.rounds, args.baseline)
     else:
-        results["executors"] = executors(args.captures)
+        results["executors"] = executors(args.captures, args.only, (results.get("executors") or {}).get("rows"))
     path.write_text(json.dumps(results, indent=1) + "\n")
     write(results)
 

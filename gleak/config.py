@@ -2,11 +2,11 @@
 tables without the ``tool.gleak`` prefix in ``gleak.toml`` (top level and ``[audit]``).
 
 Keys of the top table: ``seed``, ``device``, ``threads``. Keys of the audit table: ``budget``, ``fail-on``,
-``format``, ``lpips``, ``jobs``, ``executor``, ``address``, ``model`` and ``aux`` (lists of paths, relative to the
-file), ``arch`` (the architecture of weight files: a zoo name, ``torchvision:NAME`` or ``package.module:factory``)
-and ``arch-kwargs`` (its arguments: an inline table such as ``{activation = "sigmoid"}``, or a JSON object in a
-string), the ``threshold`` table (severity thresholds, see :data:`THRESHOLD_BOUNDS`) and the ``options`` table
-(``rlu = {mc_samples = 500}``, as ``-O rlu.mc_samples=500``).
+``fail-rounds``, ``format``, ``lpips``, ``jobs``, ``executor``, ``address``, ``model`` and ``aux`` (lists of paths,
+relative to the file), ``arch`` (the architecture of weight files: a zoo name, ``torchvision:NAME`` or
+``package.module:factory``) and ``arch-kwargs`` (its arguments: an inline table such as ``{activation =
+"sigmoid"}``, or a JSON object in a string), the ``threshold`` table (severity thresholds, see
+:data:`THRESHOLD_BOUNDS`) and the ``options`` table (``rlu = {mc_samples = 500}``, as ``-O rlu.mc_samples=500``).
 
 ``trust-pickle`` cannot be set in a file, on purpose: loading a pickled model runs its code, so trusting one stays
 a decision made on the command line (``--trust-pickle``), never one that a file in the audited repository makes.
@@ -68,7 +68,7 @@ class AuditFileSettings(BaseModel):
     fail_rounds: str | None = Field(None, alias="fail-rounds", pattern=r"^(any|all|last:[1-9][0-9]{0,8})$")
     format: str | None = None
     lpips: Literal["alex", "vgg", "off"] | None = None
-    jobs: int | None = Field(None, ge=1, le=256)
+    jobs: int | None = Field(None, ge=1, le=256, description='workers; "auto" is the default (unset)')
     executor: Literal["local", "ray"] | None = None
     address: str | None = None
     model: list[str] | None = None
@@ -78,6 +78,12 @@ class AuditFileSettings(BaseModel):
                                     "table or a JSON string), as --arch-kwargs takes it")
     threshold: dict[str, float] | None = None
     option: dict[str, dict[str, str | int | float | bool]] | None = Field(None, alias="options")
+
+    @field_validator("jobs", mode="before")
+    @classmethod
+    def _auto_jobs(cls, value: Any) -> Any:
+        """``jobs = "auto"`` is the default: left unset."""
+        return None if isinstance(value, str) and value.strip().lower() == "auto" else value
 
     @field_validator("model", "aux", mode="before")
     @classmethod

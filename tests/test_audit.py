@@ -281,3 +281,31 @@ def test_the_expected_labels_finding_follows_the_calibrated_answer_not_one_attac
     assert rules == ["GLEAK-LABELS-ABSTAINED"]
     abstained = abstained_finding(report)
     assert abstained is not None and abstained.attack == "rlu" and abstained.severity == "info"
+
+
+@pytest.mark.parametrize(("break_even", "workers"), [(0.0, 2), (1e9, 1)])
+def test_jobs_auto_hands_the_rest_to_workers_only_when_it_pays(monkeypatch, tmp_path: Path, break_even: float,
+                                                              workers: int) -> None:
+    """--jobs auto audits here and starts one worker per CPU for the captures left once they would take longer than
+    the break-even at the pace so far (forced here both ways); the report is the same either way."""
+    from gleak.runs.audit import AuditConfig, run_audit
+    from gleak.runs.audit.executors import local
+
+    folder = tmp_path / "caps"
+    folder.mkdir()
+    for i in range(8):  # 4 audited here before the pace is trusted, then 4 left for 2 workers
+        shutil.copy(FEDSGD, folder / f"c{i}.safetensors")
+    monkeypatch.setattr(local, "AUTO_BREAK_EVEN_SECONDS", break_even)
+    monkeypatch.setattr(local, "available_cpus", lambda: 2)
+    config = AuditConfig(lpips="off", confidence=0)
+    auto = run_audit([folder], [LENET], [], config, jobs=0)
+    here = run_audit([folder], [LENET], [], config, jobs=1)
+    assert auto.workers == workers and here.workers == 1 and auto.jobs == 0
+    assert auto.findings == here.findings and len(auto.findings) == 8
+    assert [c.capture.path for c in auto.captures] == [c.capture.path for c in here.captures]  # the same order
+
+
+def test_bad_jobs_are_one_line(gleak) -> None:
+    for bad in ("0", "-1", "two", "257", "1.5"):
+        r = gleak("audit", FEDSGD, "-M", LENET, "--jobs", bad)
+        assert r.exit_code == 2 and "--jobs must be auto" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -155,7 +155,7 @@ def test_html_chart_sections_and_verdict(out_dir: Path) -> None:
     assert "0.500 0.000 0.250 0.250 0.000" in html  # soft labels
     assert "cpl: budget quick" in html
     assert "labels_high" in html and "image_critical" in html  # thresholds table
-    assert "gleak 0.1.0" in html and "schema v1" in html
+    assert "gleak 0.1.0" in html and "schema v2" in html
     # the command, shell-quoted, then escaped
     assert "gleak audit &#39;runs/&lt;script&gt;" in html and "&#39;out dir&#39;" in html
 

@@ -92,9 +92,10 @@ def audit(
     lineup: Annotated[int, typer.Option("--lineup", callback=number(1, 99), help="Distractors beside each true "
                                         "image in the identification lineup of GLEAK-IMAGES (chance 1 / "
                                         "(K + 1)).")] = 9,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", callback=number(1, MAX_JOBS),
-                                      help="Audit this many captures at once, in worker processes (with "
-                                      "--executor ray: Ray workers; 1 means one per cluster CPU).")] = 1,
+    jobs: Annotated[str, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", help="Audit this many captures at "
+                                      "once, in worker processes; auto: in this process, then one worker per CPU "
+                                      "once the captures left would take over ~4.5 s (with --executor ray: Ray "
+                                      "workers; auto or 1: one per cluster CPU).")] = "auto",
     executor: Annotated[str, typer.Option("--executor", envvar="GLEAK_EXECUTOR", help="local (this machine's "
                                           "processes) or ray (a Ray cluster; the ray extra: pip install -e "
                                           "'.[ray]' from a clone).")] = "local",
@@ -137,7 +138,8 @@ def audit(
             print_audit_config(console, OPTION_KEYS, effective, sources)
         return
     budget, fail_on, format, lpips = effective["budget"], effective["fail_on"], effective["format"], effective["lpips"]
-    jobs, seed, device = effective["jobs"], effective["seed"], effective["device"]
+    seed, device = effective["seed"], effective["device"]
+    workers = parse_jobs(effective["jobs"])
     model, aux, threshold = effective["model"], effective["aux"], effective["threshold"]
     executor, address = effective["executor"], effective["address"]
     arch, arch_kwargs = effective["arch"], effective["arch_kwargs"]
@@ -174,7 +176,7 @@ def audit(
                          trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])
-    report = _run(list(paths), list(model), list(aux or []), config, output, jobs,
+    report = _run(list(paths), list(model), list(aux or []), config, output, workers,
                   show=not quiet and "table" in formats, executor=runner, address=address)
     if output is not None:
         from gleak.io import OutputSet
@@ -215,6 +217,17 @@ def audit(
 OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
                "lpips", "jobs", "executor", "address", "seed", "device", "model",
                "aux", "arch", "arch_kwargs", "threshold", "option")
+
+
+def parse_jobs(value: Any) -> int:
+    """``--jobs``: ``auto`` (0) or a whole number of workers from 1 to MAX_JOBS; else one line."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= MAX_JOBS:
+        raise GleakError(f"--jobs must be auto or a whole number from 1 to {MAX_JOBS}, got "
+                         f"{shorten(str(value), 40)!r}")
+    return int(text)
 
 
 def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], dict[str, str]]:

@@ -204,7 +204,7 @@ class RunView(_Model):
     rounds: list[RoundSummary] = Field(default_factory=list, description="by round number; the unknown round last")
     clients: list[ClientSummary] = Field(default_factory=list, description="worst first")
     clear_from: int | None = Field(None, description="the first round from which no round has a finding at or above "
-                                   "fail_on (null: the last round has one, or there are no rounds)")
+                                   "fail_on (null: the last round has one, there are no rounds, or fail_on is none)")
     series_clear_from: dict[str, int | None] = Field(default_factory=dict, description="per series with a rule: the "
                                                      "first round from which no capture has a finding of that rule")
     plots: list[str] = Field(default_factory=list, description="PNG files written beside the report (with -o)")
@@ -225,7 +225,8 @@ class Report(_Model):
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None
-    jobs: int = 1
+    jobs: int = Field(1, description="--jobs: captures audited at once (0: auto)")
+    workers: int = Field(1, description="processes (local) or actors (Ray) that audited the captures")
     executor: ExecutorName = "local"
     thresholds: Thresholds = Field(default_factory=Thresholds)
     captures: list[CaptureReport] = Field(default_factory=list)

@@ -116,9 +116,9 @@ def build_run_view(report: Report) -> RunView | None:
             series={info.name: point for info in present
                     if (point := _point(values[i][info.name] for i in members if info.name in values[i]))}))
     return RunView(series=present, rounds=rounds, clients=_clients(captures, values, by_capture),
-                   clear_from=_clear_from([(rs.round, rs.worst is not None and report.fail_on != "none"
-                                            and severity_rank(rs.worst) >= severity_rank(report.fail_on))
-                                           for rs in rounds]),
+                   clear_from=None if report.fail_on == "none" else _clear_from(
+                       [(rs.round, rs.worst is not None and severity_rank(rs.worst) >= severity_rank(report.fail_on))
+                        for rs in rounds]),
                    series_clear_from={info.name: _clear_from_rule(captures, by_capture, info.rule)
                                       for info in present if info.rule})
 

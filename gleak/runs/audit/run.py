@@ -26,9 +26,10 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
     """Audit every capture under ``captures`` against the models and aux data given; the whole report.
 
     ``executor`` ``local`` audits in this process, or with ``jobs`` > 1 in that many worker processes (spawned,
-    the same torch thread count, each loading the models and aux data once); ``ray`` audits on a Ray cluster
-    (:mod:`gleak.runs.audit.executors.ray`). The report keeps the captures' order either way; captures are read one at a
-    time, so memory does not grow with their number."""
+    the same torch thread count, each loading the models and aux data once), or with ``jobs`` 0 (``--jobs auto``)
+    here until the captures left make a pool pay (:mod:`gleak.runs.audit.executors.local`); ``ray`` audits on a
+    Ray cluster (:mod:`gleak.runs.audit.executors.ray`). The report keeps the captures' order either way; captures
+    are read one at a time, so memory does not grow with their number."""
     started = time.perf_counter()
     files = find_captures(captures)
     model_files = find_models(model_paths)
@@ -41,7 +42,8 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
                         tuple(store.index.items()))
     del store
     results: list[CaptureResult | None] = [None] * len(files)
-    for done, (i, result) in enumerate(run_captures(files, setup, out_dir, executor, jobs, address)):
+    stats: dict[str, int] = {}
+    for done, (i, result) in enumerate(run_captures(files, setup, out_dir, executor, jobs, address, stats)):
         results[i] = result
         if progress is not None:
             progress(done, len(files), files[i])
@@ -50,6 +52,7 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
         report.captures.append(entry[0])
         report.findings += entry[1]
         report.notices += entry[2]
+    report.workers = stats.get("workers", 1)
     report.run = build_run_view(report)
     report.seconds = round(time.perf_counter() - started, 3)
     return report

@@ -44,14 +44,17 @@ class WorkerSetup:
 
 
 def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, executor: ExecutorName = "local",
-                 jobs: int = 1, address: str | None = None) -> Iterator[tuple[int, CaptureResult]]:
-    """Audit ``files`` on ``executor``; yields ``(index into files, result)`` in completion order."""
+                 jobs: int = 1, address: str | None = None,
+                 stats: dict[str, int] | None = None) -> Iterator[tuple[int, CaptureResult]]:
+    """Audit ``files`` on ``executor``; yields ``(index into files, result)`` in completion order. ``jobs`` 0 is
+    ``--jobs auto``: local, a pool only when it pays (:mod:`~gleak.runs.audit.executors.local`); Ray, one actor per
+    cluster CPU. ``stats["workers"]`` is set to the processes or actors that audited."""
     if executor == "local":
         from gleak.runs.audit.executors.local import run_local
 
-        return run_local(files, setup, out_dir, jobs)
+        return run_local(files, setup, out_dir, jobs, stats)
     if executor == "ray":
         from gleak.runs.audit.executors.ray import run_ray
 
-        return run_ray(files, setup, out_dir, jobs, address)
+        return run_ray(files, setup, out_dir, jobs, address, stats)
     raise GleakError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")

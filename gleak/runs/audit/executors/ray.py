@@ -55,7 +55,7 @@ def _import_ray() -> Any:
 
 
 def run_ray(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, jobs: int,
-            address: str | None) -> Iterator[tuple[int, CaptureResult]]:
+            address: str | None, stats: dict[str, int] | None = None) -> Iterator[tuple[int, CaptureResult]]:
     ray = _import_ray()
     setup.load()  # bad inputs fail here, before Ray starts
     started_here = not ray.is_initialized()
@@ -66,6 +66,8 @@ def run_ray(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, job
         workers = jobs if jobs > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
         remote = ray.remote(num_cpus=1)(AuditActor)
         actors = [remote.remote(setup) for _ in range(workers)]
+        if stats is not None:
+            stats["workers"] = workers
         yield from _stream(ray, actors, files, out_dir)
     finally:
         for actor in actors:
