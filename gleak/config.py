@@ -65,7 +65,7 @@ class AuditFileSettings(BaseModel):
 
     budget: Literal["quick", "standard", "full"] | None = None
     fail_on: Literal["info", "low", "medium", "high", "critical", "none"] | None = Field(None, alias="fail-on")
-    fail_rounds: str | None = Field(None, alias="fail-rounds", pattern=r"^(any|all|last:[1-9][0-9]{0,8})$")
+    fail_rounds: str | None = Field(None, alias="fail-rounds")
     format: str | None = None
     lpips: Literal["alex", "vgg", "off"] | None = None
     jobs: int | None = Field(None, ge=1, le=256, description='workers; "auto" is the default (unset)')
@@ -78,6 +78,19 @@ class AuditFileSettings(BaseModel):
                                     "table or a JSON string), as --arch-kwargs takes it")
     threshold: dict[str, float] | None = None
     option: dict[str, dict[str, str | int | float | bool]] | None = Field(None, alias="options")
+
+    @field_validator("fail_rounds")
+    @classmethod
+    def _fail_rounds(cls, value: str | None) -> str | None:
+        """any, all or last:K (gleak.report.model.normal_fail_rounds)."""
+        from gleak.report.model import FAIL_ROUNDS_EXPECTED, normal_fail_rounds
+
+        if value is None:
+            return None
+        normal = normal_fail_rounds(value)
+        if normal is None:
+            raise ValueError(f"must be {FAIL_ROUNDS_EXPECTED}, got {shorten(repr(value), 40)}")
+        return normal
 
     @field_validator("jobs", mode="before")
     @classmethod

@@ -145,6 +145,8 @@ def config_error(tmp_path: Path, text: str, name: str = "gleak.toml") -> str:
     ('[audit]\nfailon = "high"\n', "unknown key 'failon'; did you mean 'fail-on'?"),
     ("[audit]\njobs = 0\n", "gleak.toml [audit] key 'jobs': must be ≥ 1, got 0"),
     ('[audit]\njobs = "two"\n', "gleak.toml [audit] key 'jobs': must be a whole number, got 'two'"),
+    ('[audit]\nfail-rounds = "last:0"\n', "gleak.toml [audit] key 'fail-rounds': must be any (a finding in any "
+                                          "round fails), last:K"),
     ('[audit]\nbudget = "fast"\n', "gleak.toml [audit] key 'budget': must be quick, standard or full, got 'fast'"),
     ("threads = 0\n", "gleak.toml (top level) key 'threads': must be ≥ 1, got 0"),
     ('budget = "quick"\n', "gleak.toml (top level): unknown key 'budget'; it belongs in [audit]"),

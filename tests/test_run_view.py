@@ -172,6 +172,7 @@ def test_audit_of_a_run_writes_the_run_view_in_every_format(gleak, run_folder: P
     html = (out / "report.html").read_text()
     assert 'aria-label="best label iAcc over rounds"' in html and "unknown round" in html
     assert 'class="sortable clients"' in html and "script-src 'sha256-" in html
+    assert "the last round (2) still has a finding ≥ high" in html and "built-in method" not in html
     md = (out / "report.md").read_text()
     assert "### Leakage over rounds" in md and "![best label iAcc over rounds](run-label_iacc.png)" in md
     assert "| unknown round |" in md and "| 0 (not gated) |" in md

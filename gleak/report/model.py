@@ -29,6 +29,19 @@ FailOn = Severity | Literal["none"]  # the gate: the lowest severity that fails,
 FAIL_ROUNDS_PATTERN = r"^(any|all|last:[1-9][0-9]{0,8})$"
 """The gate over a run's rounds: ``any`` round (a finding in any capture), ``last:K`` (only the K highest-numbered
 rounds, and captures without a round), ``all`` (a finding in every round)."""
+FAIL_ROUNDS_EXPECTED = ("any (a finding in any round fails), last:K (only the K latest rounds, e.g. last:3) or all "
+                        "(a finding in every round)")
+
+
+def normal_fail_rounds(value: object) -> str | None:
+    """``any``, ``all`` or ``last:K`` (K ≥ 1) as written in reports, or None when ``value`` is none of them."""
+    text = str(value).strip().lower().replace(" ", "")
+    if text in ("any", "all"):
+        return text
+    head, _, k = text.partition(":")
+    if head == "last" and k.isdigit() and 1 <= int(k) <= 10**9 - 1:
+        return f"last:{int(k)}"
+    return None
 Budget = Literal["quick", "standard", "full"]
 ExecutorName = Literal["local", "ray"]
 Status = Literal["ok", "not_applicable", "failed", "error", "abstained"]

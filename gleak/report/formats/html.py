@@ -290,7 +290,7 @@ def run_context(report: Report) -> dict[str, Any] | None:
         "series": [{"text": format_number(c.series_max.get(n)), "sort": str(c.series_max.get(n, ""))} for n in names]}
         for c in view.clients]
     return {
-        "gate": gate_text(report), "clear": clear_text(view, report.fail_on),
+        "gate": gate_text(report), "clear_text": clear_text(view, report.fail_on),
         "series": [{"name": s.name, "title": s.title, "metric": s.metric + (f" ({s.unit})" if s.unit else ""),
                     "svg": Markup(svg_markup(view, s))} for s in view.series],
         "rounds": rounds, "clients": clients, "known_rounds": sum(r.round is not None for r in view.rounds),

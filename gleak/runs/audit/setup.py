@@ -13,10 +13,18 @@ from typing import Any
 
 from gleak.capture import Capture
 from gleak.data import Dataset
-from gleak.errors import GleakError, choose
+from gleak.errors import GleakError, choose, shorten
 from gleak.io import probe_input, safetensors_kind, show
 from gleak.models import LoadedModel, load_model
-from gleak.report.model import SEVERITIES, Budget, ExecutorName, FailOn, Thresholds
+from gleak.report.model import (
+    FAIL_ROUNDS_EXPECTED,
+    SEVERITIES,
+    Budget,
+    ExecutorName,
+    FailOn,
+    Thresholds,
+    normal_fail_rounds,
+)
 from gleak.runs.inputs import default_max_memory
 
 BUDGETS: tuple[Budget, ...] = typing.get_args(Budget)
@@ -74,14 +82,10 @@ class AuditConfig:
 
 def parse_fail_rounds(value: str) -> str:
     """``any``, ``all`` or ``last:K`` (K ≥ 1), normalised; anything else is one line naming the choices."""
-    text = str(value).strip().lower().replace(" ", "")
-    if text in ("any", "all"):
-        return text
-    head, _, k = text.partition(":")
-    if head == "last" and k.isdigit() and 1 <= int(k) <= 10**9 - 1:
-        return f"last:{int(k)}"
-    raise GleakError(f"--fail-rounds {value!r}: expected any (a finding in any round fails), last:K (only the K "
-                     "latest rounds, e.g. last:3) or all (a finding in every round)")
+    normal = normal_fail_rounds(value)
+    if normal is None:
+        raise GleakError(f"--fail-rounds {shorten(repr(value), 60)}: expected {FAIL_ROUNDS_EXPECTED}")
+    return normal
 
 
 # ----------------------------------------------------------------------------------------------- discovery
