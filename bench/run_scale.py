@@ -86,9 +86,10 @@ def memory(rounds: list[int], baseline: Path | None) -> dict[str, Any]:
     rows = []
     for n in rounds:
         run = make_run(WORK / f"rounds-{n}", n)
-        row: dict[str, Any] = {"rounds": n, "now": measure(gleak_command(ROOT, run, []))}
+        row: dict[str, Any] = {"rounds": n, "now": measure(gleak_command(ROOT, run, ["--jobs", "1"]))}
         if baseline is not None:  # the other checkout's package first on the path, this venv's dependencies
-            row["baseline"] = measure(gleak_command(ROOT, run, []), env={**os.environ, "PYTHONPATH": str(baseline)})
+            row["baseline"] = measure(gleak_command(ROOT, run, ["--jobs", "1"]),
+                                      env={**os.environ, "PYTHONPATH": str(baseline)})
         rows.append(row)
         print(json.dumps(row), flush=True)
     return {"rows": rows, "baseline": str(baseline) if baseline else None}
