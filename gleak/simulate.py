@@ -24,6 +24,8 @@ from torch import nn
 
 from gleak.capture import Capture, Truth, capture_gradients, capture_update
 from gleak.data import Dataset
+from gleak.defenses import Defense, apply_defenses
+from gleak.defenses.dpsgd import dp_train, epsilon
 from gleak.errors import GleakError
 from gleak.losses import LossSpec, client_loss, soft_targets
 
@@ -54,6 +56,7 @@ class ClientConfig:
     dirichlet_alpha: float = 0.5
     train_mode: bool = True
     seed: int = 0
+    defenses: tuple[Defense, ...] = ()  # applied by the client: DP-SGD while it trains, the others to what it sends
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -195,6 +198,18 @@ def _metadata(cfg: ClientConfig, data: Dataset, num_classes: int) -> dict[str, A
     return {k: v for k, v in meta.items() if v is not None}
 
 
+def _dp_train(local: nn.Module, batches: list[_Batch], config: ClientConfig, dp: Defense, device: torch.device,
+              gradient_only: bool) -> dict[str, torch.Tensor] | None:
+    """DP-SGD over the client's batches (:func:`gleak.defenses.dpsgd.dp_train`); FedProx's proximal term and
+    mixup are not supported with it."""
+    if config.scheme == "fedprox":
+        raise GleakError("dpsgd with FedProx is not supported: use --scheme fedavg or fedsgd")
+    pairs = [(b.inputs.to(device), b.targets.to(device)) for b in batches]
+    return dp_train(local, pairs, lambda params: _optimizer(params, config),
+                    lambda logits, targets: client_loss(logits, targets, config.loss), dp.options,  # type: ignore[arg-type]
+                    config.loss.reduction, config.seed, gradient_only)
+
+
 def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
                     device: torch.device | str = "cpu") -> tuple[Capture, Truth]:
     """Run the client on ``data`` starting from ``model`` (left unchanged); return capture and truth."""
@@ -220,10 +235,25 @@ def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
     meta = _metadata(config, data, num_classes)
     batches = [sampler.batch(step) for step in range(config.local_steps)]
 
+    training = [d for d in config.defenses if d.training]
+    if len(training) > 1:
+        raise GleakError("give one training-time defense (dpsgd) at most")
+    dp = training[0] if training else None
     if config.kind == "gradient":
         global_model.train(config.train_mode)
         b = batches[0]
         capture = capture_gradients(global_model, b.inputs.to(device), b.targets.to(device), config.loss, meta)
+        if dp is not None:
+            local = copy.deepcopy(global_model).train(config.train_mode)
+            capture.tensors.update(_dp_train(local, batches, config, dp, device, gradient_only=True) or {})
+    elif dp is not None:
+        local = copy.deepcopy(global_model).train(config.train_mode)
+        _dp_train(local, batches, config, dp, device, gradient_only=False)
+        buffers = [n for n, _ in local.named_buffers()]
+        capture = capture_update(global_model.state_dict(), local.state_dict(), config.learning_rate,
+                                 config.local_steps, config.batch_size, buffers,
+                                 {"gleak.kind": "update", **meta})
+        capture.tensors = {k: v.cpu() for k, v in capture.tensors.items()}
     else:
         local = copy.deepcopy(global_model).train(config.train_mode)
         anchor = [p.detach().clone() for p in global_model.parameters()]
@@ -241,6 +271,14 @@ def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
                                  config.local_steps, config.batch_size, buffers,
                                  {"gleak.kind": "update", **meta})
         capture.tensors = {k: v.cpu() for k, v in capture.tensors.items()}
+    if dp is not None:
+        dp_options = dp.options
+        rate = dp_options.sample_rate or min(1.0, config.batch_size / len(data))  # type: ignore[attr-defined]
+        capture.meta.update(epsilon(dp_options, rate, config.local_steps))  # type: ignore[arg-type]
+        capture.meta["gleak.defense"] = [{**dp.record(config.seed), "sample_rate": rate}]
+    contribution = [d for d in config.defenses if not d.training]
+    if contribution:
+        capture = apply_defenses(capture, contribution, config.seed)
     soft = config.mixup or config.loss.label_smoothing > 0
     targets = [soft_targets(b.targets, num_classes, config.loss.label_smoothing) if soft else b.targets
                for b in batches]

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gleak.integrations",),  # Flower / NVFlare hooks: record captures, and run audits on the server
     ("gleak.runs",),  # one run of a command: inputs -> attacks -> scores -> report
     ("gleak.attacks", "gleak.report", "gleak.config"),  # config builds the report's Thresholds
-    ("gleak.generator", "gleak.simulate"),
+    ("gleak.generator", "gleak.simulate", "gleak.defenses"),  # the simulated client applies the defenses
     ("gleak.capture", "gleak.metrics"),  # capture reads the last layer (models) and records the loss (losses)
     ("gleak.models", "gleak.data", "gleak.losses"),
     ("gleak.io", "gleak.errors", "gleak.registry", "gleak"),  # foundations: files, errors, typed plug-in options

@@ -13,6 +13,7 @@ from gleak import __version__
 from gleak.cli.attacks_cmd import attacks
 from gleak.cli.audit_cmd import audit
 from gleak.cli.common import GleakCommand, GleakGroup, ThreadsOpt
+from gleak.cli.defend_cmd import defend, defenses
 from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
 from gleak.cli.reconstruct_cmd import reconstruct
@@ -44,7 +45,7 @@ def _root(
     """Global options; the commands read --threads from the context when they run (see common.apply_threads)."""
 
 
-for _command in (inspect, attacks, simulate, labels, reconstruct, audit):
+for _command in (inspect, attacks, defenses, simulate, defend, labels, reconstruct, audit):
     app.command(cls=GleakCommand)(_command)
 app.command("train-generator", cls=GleakCommand)(train_generator)
 

@@ -108,6 +108,9 @@ def simulate(
     labels: Annotated[str | None, typer.Option(help="Explicit labels, e.g. '3,3,7' (B or m·B of them).")] = None,
     train_mode: Annotated[bool, typer.Option("--train-mode/--eval-mode",
                                              help="Model mode during the step (BatchNorm, Dropout).")] = True,
+    defense: Annotated[list[str] | None, typer.Option("--defense", help="A defense the client applies, "
+                                                      "NAME[:KEY=VALUE,...] (repeatable, in order; dpsgd trains with "
+                                                      "DP-SGD through Opacus; gleak defenses lists them).")] = None,
     no_truth: Annotated[bool, typer.Option("--no-truth", help="Do not write the ground-truth file.")] = False,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,
@@ -116,6 +119,9 @@ def simulate(
     verbose: VerboseOpt = False,
 ) -> None:
     """Simulate a client step (or steps) on real data; write a capture and its ground truth."""
+    from gleak.defenses import parse_defense
+
+    defenses = tuple(parse_defense(spec) for spec in defense or [])
     label_list = parse_labels(labels)
     scheme = scheme or ("fedsgd" if local_steps == 1 else "fedavg")
     _refuse_unused(optimizer=optimizer, momentum=momentum, scheme=scheme, mu=mu, loss=loss, focal_gamma=focal_gamma,
@@ -130,7 +136,7 @@ def simulate(
         mixup=mixup, mixup_ratio=mixup_ratio,
         composition="explicit" if label_list and composition == "uniform" else composition,
         labels=label_list, dirichlet_alpha=0.5 if dirichlet_alpha is None else dirichlet_alpha,
-        train_mode=train_mode, seed=seed,
+        train_mode=train_mode, seed=seed, defenses=defenses,
     )
     from gleak.runs.inputs import ModelSpec
     from gleak.runs.simulate import SimulateRequest, run_simulate
@@ -144,4 +150,11 @@ def simulate(
         console.print(f"[bold]{capture.kind}[/] of {config.local_steps} step(s) × B = {config.batch_size} "
                       f"({config.scheme}, {config.optimizer}, lr {config.learning_rate:g})")
         console.print(f"labels (class×count): {shown}")
+        for record in capture.get("gleak.defense") or []:
+            options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
+            console.print(f"defense {record['name']}" + (f" ({options})" if options else ""))
+        if capture.get("gleak.dp.epsilon") is not None:
+            console.print(f"DP-SGD: ε = {capture.get('gleak.dp.epsilon'):.3g} at δ = {capture.get('gleak.dp.delta'):g} "
+                          f"({capture.get('gleak.dp.accountant')}; q = {capture.get('gleak.dp.sample_rate'):.3g}, "
+                          f"{capture.get('gleak.dp.steps')} step(s))")
         console.print(f"wrote {output}" + ("" if no_truth else f" and {truth_path}"))

@@ -486,6 +486,23 @@ def print_train_generator(console: Console, r: Mapping[str, Any]) -> None:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
+def print_defenses(console: Console, rows: Sequence[Mapping[str, Any]]) -> None:
+    """`gleak defenses`: one row per defense with what it does, its source and its options (with defaults)."""
+    from gleak.registry import format_default
+
+    table = Table(title="gleak defenses", title_justify="left")
+    for col in ("defense", "acts on", "what it does / source"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        options = "".join(f"\n[cyan]{escape(o['name'])}={escape(format_default(o['default']))}[/]"
+                          + (" [bold](strength)[/]" if o["name"] == r["strength"] else "")
+                          + f"  {escape(o['help'])}" for o in r["options"])
+        acts = "training (DP-SGD)" if r["kind"] == "training" else "the contribution"
+        table.add_row(f"[bold]{r['name']}[/]", acts, f"{escape(r['summary'])}\n[dim]{escape(r['source'])}[/]{options}")
+    console.print(table)
+    console.print("[dim]spec: --defense NAME[:KEY=VALUE,...] (gleak defend, gleak simulate)[/]")
+
+
 def print_attacks(console: Console, rows: Sequence[Mapping[str, Any]]) -> None:
     """`gleak attacks`: one row per attack with its task, needs, summary, paper and options (with defaults)."""
     from gleak.registry import format_default

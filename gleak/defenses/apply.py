@@ -1,0 +1,59 @@
+"""Applying defenses to a capture: in order, each with its own seeded generator, stamped into ``gleak.defense``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gleak.capture import Capture
+from gleak.defenses.base import Defense, apply_to
+from gleak.errors import GleakError
+
+SEED_STRIDE = 7919  # defense i of a list draws from seed + i·7919: independent streams, reproducible
+
+
+def recorded_defenses(capture: Capture) -> list[dict[str, Any]]:
+    """What ``gleak.defense`` already records, as a list (an older single object becomes a one-item list)."""
+    value = capture.get("gleak.defense")
+    if value is None:
+        return []
+    return [dict(v) if isinstance(v, dict) else {"name": str(v)} for v in (value if isinstance(value, list)
+                                                                            else [value])]
+
+
+def apply_defenses(capture: Capture, defenses: Sequence[Defense], seed: int = 0) -> Capture:
+    """A new capture: ``capture``'s parameter tensors (its buffers untouched) through ``defenses`` in order, and
+    ``gleak.defense`` extended with each one's record; every other metadata key (``gleak.model.sha256`` among them)
+    kept. Training-time defenses cannot apply to a finished contribution."""
+    for d in defenses:
+        if d.training:
+            raise GleakError(f"{d.name} acts while the client trains, not on what it sends: use gleak simulate "
+                             f"--defense {d.name}:...")
+    buffers = set(capture.buffers)
+    tensors = dict(capture.tensors)
+    records = recorded_defenses(capture)
+    for i, defense in enumerate(defenses):
+        this_seed = seed + SEED_STRIDE * i
+        generator = torch.Generator().manual_seed(this_seed)
+        params = {n: t for n, t in tensors.items() if n not in buffers}
+        tensors.update(apply_to(defense, params, generator))
+        records.append(defense.record(this_seed))
+    meta = dict(capture.meta)
+    meta["gleak.defense"] = records
+    return Capture(tensors=tensors, meta=meta, extra=dict(capture.extra))
+
+
+def contribution_distortion(clean: Capture, defended: Capture) -> dict[str, float]:
+    """Utility of a defended contribution against the clean one, over the parameter tensors: relative L2 error
+    ‖d − c‖ / ‖c‖ and cosine similarity."""
+    buffers = set(clean.buffers)
+    names = [n for n in clean.tensors if n not in buffers]
+    c = torch.cat([clean.tensors[n].detach().to(torch.float64).flatten() for n in names])
+    d = torch.cat([defended.tensors[n].detach().to(torch.float64).flatten() for n in names])
+    norm = float(c.norm())
+    rel = float((d - c).norm()) / norm if norm > 0 else float("nan")
+    denom = norm * float(d.norm())
+    cos = float(c @ d) / denom if denom > 0 else float("nan")
+    return {"relative_l2_error": rel, "cosine": cos}

@@ -1,0 +1,135 @@
+"""DP-SGD at training time, through Opacus (Yousefpour et al., 2021): per-example gradients from Opacus's
+``GradSampleModule``, clipping to C and Gaussian noise of σ = z·C from its ``DPOptimizer``, and ε from its
+accountants for the given δ, sample rate and steps (Abadi et al., CCS 2016). gleak writes none of this maths
+itself: :func:`dp_train` only drives Opacus over the client's batches; :func:`epsilon` asks Opacus's accountants
+(RDP, and PRV where it can answer) for the privacy spent."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from gleak.defenses.base import Defense, DefenseOptions, register
+from gleak.errors import GleakError, shorten
+
+
+class DpSgdOptions(DefenseOptions):
+    noise_multiplier: float = Field(1.0, gt=0, description="z: noise std over the clipping bound (σ = z·C)")
+    max_grad_norm: float = Field(1.0, gt=0, description="C: each example's gradient is clipped to this L2 norm")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee")
+    sample_rate: float | None = Field(None, gt=0, le=1, description="q for the accountant: B over the client's "
+                                      "data size when not given")
+    accountant: Literal["rdp", "prv"] = Field("rdp", description="the accountant whose ε is gleak.dp.epsilon (the "
+                                              "other is recorded too where it can answer)")
+
+
+@register
+class DpSgd(Defense):
+    name = "dpsgd"
+    summary = "DP-SGD while the client trains (Opacus): per-example clipping to C, Gaussian noise z·C, ε accounted"
+    source = "Abadi et al. (CCS 2016), through Opacus's GradSampleModule, DPOptimizer and accountants"
+    strength = "noise_multiplier"
+    training = True
+    kind = "training"
+    Options: ClassVar[type[DefenseOptions]] = DpSgdOptions
+    options: DpSgdOptions
+
+
+def _opacus() -> Any:
+    try:
+        import opacus
+    except ImportError:
+        raise GleakError("dpsgd needs Opacus (pip install opacus)") from None
+    return opacus
+
+
+def check_model(model: nn.Module) -> None:
+    """Opacus's own validator: a layer it cannot compute per-example gradients for (BatchNorm mixes the examples
+    of a batch) is one line naming it and Opacus's fix."""
+    _opacus()
+    from opacus.validators import ModuleValidator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        errors = ModuleValidator.validate(model, strict=False)
+    if not errors:
+        return
+    norms = [(n, type(m).__name__) for n, m in model.named_modules()
+             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        name, kind = norms[0]
+        raise GleakError(f"Opacus cannot run DP-SGD on this model: layer '{name}' ({kind}) mixes the examples of a "
+                         f"batch, so per-example gradients do not exist ({len(norms)} BatchNorm layer(s)); replace "
+                         "BatchNorm by GroupNorm (Opacus's fix: opacus.validators.ModuleValidator.fix(model)) and "
+                         "train that model")
+    first = " ".join(str(errors[0]).split()).split(". ")[0]
+    raise GleakError(f"Opacus cannot run DP-SGD on this model: {shorten(first, 200)}"
+                     + (f" ({len(errors)} problems)" if len(errors) > 1 else ""))
+
+
+def dp_train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+             make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], options: DpSgdOptions,
+             reduction: str, seed: int, gradient_only: bool) -> dict[str, torch.Tensor] | None:
+    """Train ``model`` in place on ``batches`` with DP-SGD. With ``gradient_only`` (FedSGD), take one step's
+    privatised gradient instead (returned by parameter name; the model is not stepped)."""
+    _opacus()
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    check_model(model)
+    expected = int(batches[0][0].shape[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus's notices about secure RNG and hooks
+        wrapped = GradSampleModule(model, loss_reduction=reduction)
+        optimizer = DPOptimizer(make_optimizer(list(model.parameters())), noise_multiplier=options.noise_multiplier,
+                                max_grad_norm=options.max_grad_norm, expected_batch_size=expected,
+                                loss_reduction=reduction, generator=torch.Generator().manual_seed(seed))
+        try:
+            for inputs, targets in batches:
+                optimizer.zero_grad(set_to_none=True)
+                loss_fn(wrapped(inputs), targets).backward()
+                if gradient_only:
+                    optimizer.pre_step()  # clip per example, add the noise, average: p.grad is what is shared
+                    return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().clone()
+                            for n, p in model.named_parameters()}
+                optimizer.step()
+        finally:
+            wrapped._close()
+    return None
+
+
+def epsilon(options: DpSgdOptions, sample_rate: float, steps: int) -> dict[str, Any]:
+    """ε for (z, q, steps, δ) from Opacus's RDP accountant, and its PRV accountant where it can answer; the keys
+    gleak.dp.* record, so that anyone can recompute them."""
+    _opacus()
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    out: dict[str, Any] = {"gleak.dp.delta": options.delta, "gleak.dp.noise_multiplier": options.noise_multiplier,
+                           "gleak.dp.max_grad_norm": options.max_grad_norm, "gleak.dp.sample_rate": sample_rate,
+                           "gleak.dp.steps": steps, "gleak.dp.accountant": options.accountant}
+    values: dict[str, float | None] = {}
+    for name, cls in (("rdp", RDPAccountant), ("prv", PRVAccountant)):
+        accountant = cls()
+        accountant.history = [(options.noise_multiplier, sample_rate, steps)]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                values[name] = float(accountant.get_epsilon(delta=options.delta))
+        except Exception:  # PRV cannot bound every setting (e.g. z = 0 or tiny δ): RDP still answers
+            values[name] = None
+    chosen = values.get(options.accountant)
+    if chosen is None:
+        raise GleakError(f"Opacus's {options.accountant.upper()} accountant cannot give ε for z = "
+                         f"{options.noise_multiplier:g}, q = {sample_rate:g}, {steps} steps, δ = {options.delta:g}")
+    out["gleak.dp.epsilon"] = chosen
+    if values.get("rdp") is not None:
+        out["gleak.dp.epsilon_rdp"] = values["rdp"]
+    if values.get("prv") is not None:
+        out["gleak.dp.epsilon_prv"] = values["prv"]
+    return out

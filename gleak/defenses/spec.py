@@ -1,0 +1,38 @@
+"""Defense specs as users write them: ``NAME[:KEY=VALUE,...]``, e.g. ``clip:norm=4`` or
+``topk:ratio=0.999,scope=global``; a list value joins its items with ``+`` (``tensors=fc.weight+fc.bias``)."""
+
+from __future__ import annotations
+
+from gleak.defenses.base import DEFENSES, Defense
+from gleak.errors import GleakError, shorten
+from gleak.registry import resolve_options
+
+SYNTAX = "NAME[:KEY=VALUE,...] (e.g. clip:norm=4 or gaussian:sigma=0.01)"
+
+
+def split_spec(text: str, flag: str = "--defense") -> tuple[str, dict[str, str]]:
+    """``"clip:norm=4"`` -> ``("clip", {"norm": "4"})``; malformed text is one line naming the syntax."""
+    name, _, rest = str(text).partition(":")
+    name = name.strip()
+    if not name:
+        raise GleakError(f"{flag} {shorten(repr(text), 60)}: expected {SYNTAX}")
+    given: dict[str, str] = {}
+    for item in rest.split(",") if rest.strip() else []:
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key or not value.strip():
+            raise GleakError(f"{flag} {shorten(repr(text), 60)}: expected {SYNTAX}; {shorten(repr(item), 40)} is not "
+                             "KEY=VALUE")
+        if key in given:
+            raise GleakError(f"{flag} {name}: {key} is given twice; give it once")
+        given[key] = value.strip()
+    return name, given
+
+
+def parse_defense(text: str, flag: str = "--defense") -> Defense:
+    """The configured defense of a spec; an unknown name lists the defenses, an unknown key the options, a bad
+    value says which and why (one line each)."""
+    name, given = split_spec(text, flag)
+    cls = DEFENSES.lookup(name, where=f"{flag}: ")
+    options = resolve_options(cls, given, sources={k: f"{flag} {cls.name}:{k}" for k in given}, flag=flag)
+    return cls(options)  # type: ignore[arg-type]
