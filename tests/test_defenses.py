@@ -17,7 +17,7 @@ from gleak.defenses import DEFENSES, apply_defenses, parse_defense
 from gleak.errors import GleakError
 from gleak.simulate import ClientConfig, simulate_client
 
-from .conftest import FEDSGD, LENET, MNIST_CLIENT
+from .conftest import FEDSGD, LENET, MNIST_AUX, MNIST_CLIENT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N = 200_000  # entries: standard errors of 0.2 % of σ
@@ -246,3 +246,25 @@ def _lenet() -> nn.Module:
     from gleak.models import load_model
 
     return load_model(LENET).module
+
+
+def test_the_audit_simulates_a_recorded_defense_when_it_calibrates(gleak, tmp_path: Path) -> None:
+    """Without truth, the calibrated expectation is measured on batches simulated with the capture's recorded
+    defenses (gleak.defense rebuilt from the registry): strong noise brings the expected iAcc down to chance."""
+    import shutil
+
+    clean = tmp_path / "clean.safetensors"
+    shutil.copy(FEDSGD, clean)  # no truth beside it
+    noisy = tmp_path / "noisy.safetensors"
+    assert gleak("defend", clean, "--defense", "gaussian:sigma=0.5", "-o", noisy).exit_code == 0
+    expected = {}
+    for name, path in (("clean", clean), ("noisy", noisy)):
+        r = gleak("audit", path, "-M", LENET, "--aux", MNIST_AUX, "--format", "json",
+                  "--confidence", "8", "--fail-on", "none")
+        report = json.loads(r.stdout)
+        entry = next(a for a in report["captures"][0]["attacks"] if a["attack"] == "calibrated")
+        expected[name] = (entry["status"], (entry["confidence"] or {}).get("expected_iacc"),
+                          (entry["confidence"] or {}).get("chance_iacc"))
+    assert expected["clean"][0] == "ok" and expected["clean"][1] >= 0.9
+    status, iacc, chance = expected["noisy"]
+    assert status == "abstained" or iacc < chance + 0.05, expected  # the simulated twins carry the noise too

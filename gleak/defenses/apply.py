@@ -23,6 +23,28 @@ def recorded_defenses(capture: Capture) -> list[dict[str, Any]]:
                                                                             else [value])]
 
 
+def rebuild_defenses(records: Sequence[dict[str, Any]]) -> tuple[list[Defense], list[str]]:
+    """The defenses a ``gleak.defense`` record describes, rebuilt from their names and options (to simulate a
+    client that applies them), and the entries that cannot be (another framework's defense, unknown options)."""
+    from gleak.defenses.base import DEFENSES
+    from gleak.registry import resolve_options
+
+    rebuilt: list[Defense] = []
+    unknown: list[str] = []
+    for record in records:
+        name = str(record.get("name", "?"))
+        cls = DEFENSES.get(name)
+        if cls is None:
+            unknown.append(name)
+            continue
+        options = {k: v for k, v in record.items() if k not in ("name", "seed")}
+        try:
+            rebuilt.append(cls(resolve_options(cls, options)))  # type: ignore[arg-type]
+        except GleakError:
+            unknown.append(name)
+    return rebuilt, unknown
+
+
 def apply_defenses(capture: Capture, defenses: Sequence[Defense], seed: int = 0) -> Capture:
     """A new capture: ``capture``'s parameter tensors (its buffers untouched) through ``defenses`` in order, and
     ``gleak.defense`` extended with each one's record; every other metadata key (``gleak.model.sha256`` among them)

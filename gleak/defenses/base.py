@@ -52,6 +52,11 @@ class Defense(Configurable):
     def __init__(self, options: DefenseOptions | None = None) -> None:
         self.options = options if options is not None else self.Options()  # type: ignore[assignment]
 
+    def __repr__(self) -> str:
+        """Stable across processes (calibration caches key on it): the name and every option."""
+        options = ",".join(f"{k}={v}" for k, v in self.options.model_dump(mode="json").items())
+        return f"{self.name}({options})"
+
     def selected(self, names: list[str]) -> list[str]:
         """The tensor names of ``names`` this defense applies to (all without ``tensors``); a pattern that matches
         nothing is an error, so a typo never leaves a contribution undefended."""

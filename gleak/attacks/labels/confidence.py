@@ -312,8 +312,12 @@ def _beats(margins: Sequence[float]) -> bool:
 
 
 def client_settings(ctx: Context) -> dict[str, Any]:
-    """The ClientConfig fields that reproduce the capture's client (without seed and composition)."""
+    """The ClientConfig fields that reproduce the capture's client (without seed and composition), its recorded
+    defenses included (those gleak's registry can rebuild: :func:`unsimulated_defenses` names the others)."""
+    from gleak.defenses import rebuild_defenses, recorded_defenses
+
     cap = ctx.capture
+    defenses, _ = rebuild_defenses(recorded_defenses(cap))
     update = ctx.kind == "update"
     optimizer = cap.get("gleak.optimizer") or "sgd"
     return {"batch_size": int(ctx.batch_size or 1), "local_steps": int(ctx.local_steps or 1),
@@ -322,7 +326,14 @@ def client_settings(ctx: Context) -> dict[str, Any]:
             "optimizer": optimizer if update else "sgd",
             "momentum": float(cap.value("gleak.momentum")) if update and optimizer in ("sgdm", "nag") else 0.9,
             "weight_decay": float(cap.value("gleak.weight_decay") or 0.0) if update else 0.0,
-            "loss": ctx.loss, "train_mode": bool(cap.value("gleak.model.train_mode"))}
+            "loss": ctx.loss, "train_mode": bool(cap.value("gleak.model.train_mode")), "defenses": tuple(defenses)}
+
+
+def unsimulated_defenses(ctx: Context) -> list[str]:
+    """The recorded defenses a simulated twin of the capture cannot apply (not in gleak's registry)."""
+    from gleak.defenses import rebuild_defenses, recorded_defenses
+
+    return rebuild_defenses(recorded_defenses(ctx.capture))[1]
 
 
 def split_aux(aux: Dataset, seed: int) -> tuple[Dataset, Dataset]:

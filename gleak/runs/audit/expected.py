@@ -40,7 +40,7 @@ def expected_images(ctx: Context, config: AuditConfig, attack: str,
     if why is not None or ctx.aux is None or ctx.model is None:  # (the last two only narrow the types)
         return None, why
     twins = EXPECTED_TWINS[config.budget]
-    from gleak.attacks.labels.confidence import client_settings, split_aux
+    from gleak.attacks.labels.confidence import client_settings, split_aux, unsimulated_defenses
     from gleak.io import tensors_sha256
     from gleak.metrics.identification import LEVEL, clopper_pearson
     from gleak.models.loading import LoadedModel
@@ -93,9 +93,11 @@ def expected_images(ctx: Context, config: AuditConfig, attack: str,
         "level": LEVEL, "twins": len(per_twin), "per_twin": per_twin, "n": n, "attack": attack,
         "options": {**(bounds or {}), **config.options.get(attack, {})}, "distractors": config.lineup,
         "settings": settings_note(settings)}
-    defense = ctx.capture.get("gleak.defense")
-    if defense:
-        out["defense_not_simulated"] = str(defense)[:200]
+    missing = unsimulated_defenses(ctx)
+    if missing:
+        out["defense_not_simulated"] = ", ".join(missing)[:200]
+    if settings.get("defenses"):
+        out["defenses_simulated"] = [repr(d) for d in settings["defenses"]]
     if problems:
         out["failed_twins"] = len(problems)
     return out, None
@@ -115,4 +117,6 @@ def settings_note(settings: dict[str, Any]) -> str:
     """'B = 16, m = 1, fedsgd, train mode' — what the twins reproduce, in a line."""
     mode = "train" if settings.get("train_mode") else "eval"
     return (f"B = {settings['batch_size']}, m = {settings['local_steps']}, {settings['scheme']}, "
-            f"{settings['optimizer']} lr {settings['learning_rate']:g}, {mode} mode")
+            f"{settings['optimizer']} lr {settings['learning_rate']:g}, {mode} mode"
+            + (f", defenses {' then '.join(repr(d) for d in settings['defenses'])}"
+               if settings.get("defenses") else ""))
