@@ -18,6 +18,7 @@ from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
 from gleak.cli.reconstruct_cmd import reconstruct
 from gleak.cli.simulate_cmd import simulate
+from gleak.cli.sweep_cmd import sweep
 from gleak.cli.train_generator_cmd import train_generator
 
 app = typer.Typer(
@@ -45,7 +46,7 @@ def _root(
     """Global options; the commands read --threads from the context when they run (see common.apply_threads)."""
 
 
-for _command in (inspect, attacks, defenses, simulate, defend, labels, reconstruct, audit):
+for _command in (inspect, attacks, defenses, simulate, defend, labels, reconstruct, audit, sweep):
     app.command(cls=GleakCommand)(_command)
 app.command("train-generator", cls=GleakCommand)(train_generator)
 

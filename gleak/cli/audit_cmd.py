@@ -114,6 +114,9 @@ def audit(
                                                      "directory).")] = None,
     show_config: Annotated[bool, typer.Option("--show-config", help="Print the effective configuration and "
                                               "where each value came from, then exit.")] = False,
+    sweep: Annotated[Path | None, typer.Option("--sweep", help="A gleak sweep's folder (or its sweep.json): its "
+                                               "plots and tables go into report.html (needs html in "
+                                               "--format).")] = None,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -167,6 +170,14 @@ def audit(
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
     if output is not None:
         check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]], ["run-*.png"])
+    sweep_report = None
+    if sweep is not None:  # read and validated before any work: an untrusted file
+        if "html" not in files:
+            raise GleakError("--sweep puts a sweep into report.html: add html to --format (e.g. --format table,html "
+                             "-o DIR)")
+        from gleak.runs.sweep import load_sweep
+
+        sweep_report = load_sweep(sweep)
     config = AuditConfig(budget=choose(budget, BUDGETS, "--budget"), fail_on=gate,
                          fail_rounds=parse_fail_rounds(effective["fail_rounds"]),
                          thresholds=parse_thresholds(threshold or []), options=assignments,
@@ -190,6 +201,11 @@ def audit(
                     report.run.plots.append(name)
             for name in files or ["json"]:
                 fmt = get_format(name)
+                if name == "html" and sweep_report is not None:
+                    from gleak.report.formats.html import render as render_html
+
+                    out.write_bytes(fmt.FILENAME, render_html(report, output, sweep_report).encode("utf-8"))
+                    continue
                 out.write_bytes(fmt.FILENAME, fmt.render(report, output).encode("utf-8"))
             out.commit()
     elif "json" in files:

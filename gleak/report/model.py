@@ -1,11 +1,12 @@
 """The reports: versioned, typed result models (pydantic v2) behind every JSON document gleak writes.
 
 ``Report`` is what ``gleak audit`` builds and what the formatters in :mod:`gleak.report.formats` read;
-``LabelsReport``, ``ReconstructReport`` and ``InspectReport`` are the JSON of ``gleak labels``,
-``gleak reconstruct`` (stdout and ``metrics.json``) and ``gleak inspect``. Every one starts with the same header
-(``schema_version``, ``tool``, ``gleak_version`` and ``report``, naming the model). One JSON Schema covering all
-four (``oneOf``) ships as ``gleak/report/schema.json`` (regenerate with ``python -m gleak.report.model``); tests
-check that the shipped file matches the models and validate every JSON gleak writes against it.
+``LabelsReport``, ``ReconstructReport``, ``InspectReport`` and ``SweepReport`` are the JSON of ``gleak labels``,
+``gleak reconstruct`` (stdout and ``metrics.json``), ``gleak inspect`` and ``gleak sweep`` (``sweep.json``). Every one
+starts with the same header (``schema_version``, ``tool``, ``gleak_version`` and ``report``, naming the model). One
+JSON Schema covering them all (``oneOf``) ships as ``gleak/report/schema.json`` (regenerate with
+``python -m gleak.report.model``); tests check that the shipped file matches the models and validate every JSON gleak
+writes against it.
 
 Untrusted text (file names, metadata, reasons quoting them) is stored as given: escaping is each formatter's
 job (HTML, Markdown, XML), never the model's.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
@@ -524,7 +525,99 @@ class ErrorReport(CommandReport):
     error: ErrorDetail
 
 
-REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, ReconstructReport, InspectReport, ErrorReport)
+# ------------------------------------------------------------------------ sweep
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"  # defense, attack and option names (registry names)
+SweepMetric = Literal["iacc", "identification_kappa", "psnr"]
+Finite = Annotated[float, Field(allow_inf_nan=False)]  # JSON has no NaN or infinity: a sweep never records one
+
+
+class SweepUtility(_Model):
+    """What the defense costs: the defended contribution against the clean one of the same trial (means over the
+    trials; the undefended baseline is 0 and 1)."""
+
+    relative_l2_error: Finite = Field(description="‖defended − clean‖ / ‖clean‖ over the parameter tensors")
+    cosine: Finite = Field(description="cosine similarity of the defended and the clean contribution")
+
+
+class SweepDefense(_Model):
+    """One ``--defense`` of a sweep: the defense, the options it keeps fixed and the strengths it is run at."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="the defense (gleak defenses lists them)")
+    spec: str = Field(description="the --defense text as given")
+    strength: str | None = Field(pattern=NAME_PATTERN, description="the option the sweep varies (Defense.strength; "
+                                 "null: the defense has none, e.g. sign)")
+    fixed: dict[str, str] = Field(description="options given as KEY=VALUE, the same at every strength")
+    values: list[Finite] = Field(description="the strengths run, in the order given (empty: one point at the "
+                                "configured options)")
+    training: bool = Field(description="applied while the client trains (dpsgd), not to what it sends")
+    plot: str = Field(pattern=NAME_PATTERN, description="the plot's file stem: <plot>.png and <plot>.svg beside "
+                      "sweep.json")
+
+
+class SweepSettings(_Model):
+    """What was simulated and attacked, and how."""
+
+    model: str
+    arch: str | None
+    data: str
+    aux: str | None
+    generator: str | None
+    batch_size: int = Field(ge=1, description="B")
+    local_steps: int = Field(ge=1, description="m (1: a FedSGD gradient; more: a FedAvg update)")
+    scheme: Literal["fedsgd", "fedavg"]
+    trials: int = Field(ge=1, description="simulated client batches per point, the same ones at every point")
+    seed: int = Field(ge=0, description="trial t simulates with seed + t·trial_stride")
+    trial_stride: int
+    attacks: list[str] = Field(description="the attacks with rows, in row order")
+    iterations: int = Field(description="the iteration bound of the reconstruction attacks that have one")
+    confidence: int = Field(description="batches simulated from aux to calibrate the calibrated selector (0: it "
+                            "did not run)")
+    distractors: int = Field(description="K of the identification lineup (chance 1 / (K + 1))")
+    jobs: int = Field(description="--jobs (0: auto)")
+    workers: int = Field(description="processes that ran trials")
+    threads: int
+    device: str
+
+
+class SweepRow(_Model):
+    """One attack at one point: over the trials, how much it recovers, against chance and the utility kept."""
+
+    defense: str = Field(pattern=NAME_PATTERN, description="the defense, or 'none' for the undefended baseline "
+                         "(shared by every defense)")
+    strength: Finite | Literal["none"] | None = Field(description="the value of the defense's strength option; "
+                                                     "'none': the baseline; null: a defense without strength (sign)")
+    attack: str = Field(pattern=NAME_PATTERN)
+    metric: SweepMetric = Field(description="iacc: label attacks; identification_kappa: reconstruction scored by "
+                                "its identification lineup (with aux data); psnr: reconstruction without aux data")
+    mean: Finite | None = Field(description="mean over the trials the attack answered (null: none did)")
+    std: Finite | None = Field(description="sample standard deviation over those trials (0 for one)")
+    trials: int = Field(ge=0, description="trials the attack answered (scored)")
+    failed: int = Field(ge=0, description="trials it gave no answer: not applicable, failed, or abstained")
+    reason: str | None = Field(description="why, for the first trial without an answer")
+    chance: Finite | None = Field(description="iacc: the mean chance iAcc of the trials' batches; "
+                                 "identification_kappa: 0; psnr: the mean no-attack baseline PSNR")
+    utility: SweepUtility
+    epsilon: Finite | None = Field(description="dpsgd: the mean gleak.dp.epsilon of the trials; else null")
+
+
+class SweepReport(CommandReport):
+    """``gleak sweep`` (``sweep.json``): leakage against defense strength, every (defense, strength, attack) over
+    the same simulated batches, the undefended baseline first."""
+
+    report: Literal["sweep"] = "sweep"
+    settings: SweepSettings
+    defenses: list[SweepDefense]
+    rows: list[SweepRow]
+    notices: list[str] = Field(description="work left out and why (one line each)")
+    seconds: Finite
+
+    def to_json(self) -> dict[str, Any]:
+        """Every key, always (a sweep's rows have no optional keys)."""
+        return self.model_dump(mode="json")
+
+
+REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, ReconstructReport, InspectReport, SweepReport,
+                                        ErrorReport)
 
 
 def json_schema() -> dict[str, Any]:
@@ -534,7 +627,7 @@ def json_schema() -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://gleak.invalid/report/v{SCHEMA_VERSION}/schema.json",
         "title": "gleak report",
-        "description": "A JSON document gleak writes: the audit, labels, reconstruct or inspect report, or "
+        "description": "A JSON document gleak writes: the audit, labels, reconstruct, inspect or sweep report, or "
                        "the error of a command run with --format json (the key 'report' names which).",
         "oneOf": [{"$ref": f"#/$defs/{m.__name__}"} for m in REPORTS],
         "$defs": defs["$defs"],

@@ -20,7 +20,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from gleak.report.model import SEVERITIES, AttackEntry, CaptureReport, Report, Thresholds, severity_rank
+from gleak.report.model import SEVERITIES, AttackEntry, CaptureReport, Report, SweepReport, Thresholds, severity_rank
 from gleak.report.run_view import clear_text, gate_text
 
 NAME = "html"
@@ -297,8 +297,26 @@ def run_context(report: Report) -> dict[str, Any] | None:
     }
 
 
-def context(report: Report, out_dir: Path | None = None) -> dict[str, Any]:
-    """Everything the template shows, as plain strings, numbers and the chart's Markup."""
+def sweep_context(sweep: SweepReport | None) -> dict[str, Any] | None:
+    """A defense sweep (``gleak audit --sweep DIR``) for the template: per defense its plot (inline SVG, drawn
+    from the validated report, never read from the sweep's folder) and its table."""
+    if sweep is None:
+        return None
+    from gleak.report.sweep_plots import LEGEND, defense_table, plot_title, settings_text, svg_markup
+
+    defenses = []
+    for d in sweep.defenses:
+        table = defense_table(sweep, d.name)
+        defenses.append({"name": d.name, "strength": d.strength or "", "spec": d.spec, "training": d.training,
+                         "title": plot_title(sweep, d.name), "svg": Markup(svg_markup(sweep, d.name)),
+                         "header": list(zip(table.header, table.numeric, strict=True)),
+                         "rows": [list(zip(row, table.numeric, strict=True)) for row in table.rows]})
+    return {"settings": settings_text(sweep), "notices": sweep.notices, "defenses": defenses, "legend": LEGEND}
+
+
+def context(report: Report, out_dir: Path | None = None, sweep: SweepReport | None = None) -> dict[str, Any]:
+    """Everything the template shows, as plain strings, numbers and the chart's Markup (``sweep``: a defense sweep
+    to show beside the audit)."""
     ids: dict[str, str] = {}
     for i, capture in enumerate(report.captures):
         ids.setdefault(capture.capture.path, f"capture-{i}")
@@ -341,6 +359,7 @@ def context(report: Report, out_dir: Path | None = None) -> dict[str, Any]:
         ],
         "command": shlex.join(report.command) if report.command else "",
         "rounds_view": run_context(report),
+        "sweep": sweep_context(sweep),
         "sort_script": Markup(SORT_SCRIPT) if report.run is not None else "",
         "script_hash": SORT_SCRIPT_HASH if report.run is not None else "",
         "thresholds": [dict(t, value=format_number(thresholds[t["name"]])) for t in _thresholds()],
@@ -349,10 +368,11 @@ def context(report: Report, out_dir: Path | None = None) -> dict[str, Any]:
     }
 
 
-def render(report: Report, out_dir: Path | None = None) -> str:
-    """The whole page. ``out_dir`` is where PNG artifacts (paths relative to it) are read from to embed them."""
+def render(report: Report, out_dir: Path | None = None, sweep: SweepReport | None = None) -> str:
+    """The whole page. ``out_dir`` is where PNG artifacts (paths relative to it) are read from to embed them;
+    ``sweep`` adds a defense sweep's plots and tables."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    return env.get_template(TEMPLATE).render(**context(report, out_dir))
+    return env.get_template(TEMPLATE).render(**context(report, out_dir, sweep))

@@ -1,0 +1,357 @@
+"""What a sweep (:class:`~gleak.report.model.SweepReport`) renders: one plot per defense, its table, ``sweep.md`` and
+the console summary — all from the report alone.
+
+Each defense's plot shows leakage against the defense's strength: one line per attack (mean over the trials, error
+bars one standard deviation), the undefended baseline of each attack as a dashed line of its colour, the chance
+level (dotted), and the utility kept (cosine of the defended to the clean contribution) on a second y axis; one
+panel per metric (label iAcc, identification over chance κ, PSNR). The x axis is logarithmic when the strengths
+are positive and span more than a decade (symmetric-log, linear near 0, when one of them is 0). Every plot has an
+accessible name (:func:`plot_title`): the SVG gets ``role="img"``, ``aria-label`` and a ``<title>``; ``sweep.md``
+and the audit's HTML use it as alt text / caption.
+Output is deterministic (no dates, a fixed SVG id salt). matplotlib and rich are imported only when used.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from markupsafe import escape
+
+from gleak.report.formats.markdown import md_escape
+from gleak.report.formats.text import fmt_number
+from gleak.report.model import SweepDefense, SweepMetric, SweepReport, SweepRow
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from rich.console import Console
+
+BASELINE = "none"
+METRIC_ORDER: tuple[SweepMetric, ...] = ("iacc", "identification_kappa", "psnr")
+METRIC_LABELS: dict[str, str] = {"iacc": "label iAcc", "identification_kappa": "identification over chance κ",
+                                 "psnr": "PSNR (dB)"}
+METRIC_SHORT: dict[str, str] = {"iacc": "iAcc", "identification_kappa": "κ", "psnr": "PSNR"}
+CHANCE_LABELS: dict[str, str] = {"iacc": "chance (random guessing)", "identification_kappa": "chance (κ = 0)",
+                                 "psnr": "no-attack baseline"}
+COLOURS = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#65a30d", "#9333ea",
+           "#ea580c", "#475569", "#0d9488")
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "p")
+UTILITY_COLOUR = "#111827"
+LOG_SPAN = 10.0  # strengths spanning more than this factor get a log axis
+
+
+def defense_of(report: SweepReport, name: str) -> SweepDefense:
+    for d in report.defenses:
+        if d.name == name:
+            return d
+    raise KeyError(name)
+
+
+def _strength_label(defense: SweepDefense) -> str:
+    return defense.strength or "defense (no strength option)"
+
+
+def metrics_of(report: SweepReport, rows: list[SweepRow] | None = None) -> list[SweepMetric]:
+    """The metrics of the rows, in :data:`METRIC_ORDER`."""
+    present = {r.metric for r in (report.rows if rows is None else rows)}
+    return [m for m in METRIC_ORDER if m in present]
+
+
+def attacks_of(report: SweepReport, metric: str | None = None) -> list[str]:
+    """The attacks with rows (of ``metric``), in the report's order."""
+    seen: dict[str, str] = {}
+    for r in report.rows:
+        seen.setdefault(r.attack, r.metric)
+    return [a for a, m in seen.items() if metric is None or m == metric]
+
+
+def plot_title(report: SweepReport, name: str) -> str:
+    """The plot's accessible name: what it shows, in a sentence."""
+    defense = defense_of(report, name)
+    metrics = " and ".join(METRIC_LABELS[m] for m in metrics_of(report))
+    against = f"its {defense.strength}" if defense.strength else "the defense"
+    return (f"{name}: {metrics} of {len(attacks_of(report))} attack(s) against {against}, mean ± std over "
+            f"{report.settings.trials} trial(s), with the undefended baseline, chance and the utility kept (cosine)")
+
+
+def _points(report: SweepReport, name: str) -> list[float | None]:
+    """The defense's strengths in the order run (None: a defense without strength)."""
+    out: list[float | None] = []
+    for r in report.rows:
+        if r.defense == name and r.strength != BASELINE and r.strength not in out:
+            out.append(None if r.strength is None else float(r.strength))
+    return out
+
+
+def _mean_of(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def figure(report: SweepReport, name: str) -> Figure:
+    """The plot of defense ``name``: one panel per metric, one line per attack."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    defense = defense_of(report, name)
+    rows = [r for r in report.rows if r.defense == name]
+    base = {r.attack: r for r in report.rows if r.defense == BASELINE}
+    strengths = _points(report, name)
+    numeric = bool(strengths) and all(s is not None for s in strengths)
+    values = [float(s) for s in strengths if s is not None]
+    positive = [v for v in values if v > 0]
+    log = numeric and len(positive) >= 2 and min(values) >= 0 and max(positive) / min(positive) > LOG_SPAN
+    symlog = log and min(values) == 0  # 0 (no noise) beside a decade or more: linear around 0, log beyond
+    position = {s: (float(s) if numeric and s is not None else float(i)) for i, s in enumerate(strengths)}
+    order = sorted(strengths, key=lambda s: position[s])
+    metrics = metrics_of(report, rows) or ["iacc"]
+    fig = Figure(figsize=(8.4, 0.7 + 3.2 * len(metrics)), dpi=100, layout="constrained")
+    axes: list[Axes] = list(fig.subplots(len(metrics), 1, squeeze=False)[:, 0])
+    trials = report.settings.trials
+    every = attacks_of(report)
+    for ax, metric in zip(axes, metrics, strict=True):
+        for attack in attacks_of(report, metric):
+            k = every.index(attack)  # one colour and marker per attack, across panels
+            colour, marker = COLOURS[k % len(COLOURS)], MARKERS[k % len(MARKERS)]
+            got = {r.strength: r for r in rows if r.attack == attack}
+            pts = [(position[s], mean, got[s].std or 0.0) for s in order
+                   if s in got and (mean := got[s].mean) is not None]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], color=colour,
+                            marker=marker, markersize=4, linewidth=1.2, capsize=3, label=attack)
+            b = base.get(attack)
+            if b is not None and b.mean is not None:
+                ax.axhline(b.mean, color=colour, linestyle="--", linewidth=0.8, alpha=0.55)
+        chances = [r.chance for r in [*rows, *base.values()] if r.metric == metric and r.chance is not None]
+        chance = _mean_of(chances)
+        if chance is not None:
+            ax.axhline(chance, color="#6b7280", linestyle=":", linewidth=1.5, label=CHANCE_LABELS[metric])
+        ax.set_ylabel(METRIC_LABELS[metric])
+        if metric == "iacc":
+            ax.set_ylim(-0.03, 1.05)
+        elif metric == "identification_kappa":
+            ax.set_ylim(min(-0.15, *(r.mean - (r.std or 0) for r in rows if r.metric == metric and r.mean is not None),
+                            ), 1.05)
+        if symlog:
+            ax.set_xscale("symlog", linthresh=min(positive))
+        elif log:
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks([position[s] for s in order], [_tick(defense, s) for s in order])
+            ax.set_xlim(-0.6, len(order) - 0.4)
+        ax.grid(alpha=0.3)
+        twin = ax.twinx()
+        cos = {r.strength: r.utility.cosine for r in rows}
+        util = [(position[s], cos[s]) for s in order if s in cos]
+        twin.plot([p[0] for p in util], [p[1] for p in util], color=UTILITY_COLOUR, linestyle="-.", marker="s",
+                  markersize=3, linewidth=1.0, label="utility: cosine to the clean contribution")
+        low = min([0.0, *(p[1] for p in util)])
+        twin.set_ylim(low - 0.05, 1.05)
+        twin.set_ylabel("utility (cosine)")
+        handles, labels = ax.get_legend_handles_labels()
+        handles += [Line2D([], [], color="#6b7280", linestyle="--", linewidth=0.8),
+                    *twin.get_legend_handles_labels()[0]]
+        labels += ["undefended (dashed, per attack)", *twin.get_legend_handles_labels()[1]]
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0), borderaxespad=0.0,
+                  frameon=False)
+    scale = ", symlog scale" if symlog else (", log scale" if log else "")
+    axes[-1].set_xlabel(f"{_strength_label(defense)} ({name}{scale}; {trials} trial(s) per point)")
+    fig.suptitle(_wrap(plot_title(report, name)), fontsize=9)
+    return fig
+
+
+def _tick(defense: SweepDefense, strength: float | None) -> str:
+    if strength is not None:
+        return f"{strength:g}"
+    fixed = ",".join(f"{k}={v}" for k, v in defense.fixed.items())
+    return defense.name + (f" ({fixed})" if fixed else "")
+
+
+def _wrap(text: str, width: int = 110) -> str:
+    words, lines, line = text.split(), [], ""
+    for w in words:
+        if line and len(line) + 1 + len(w) > width:
+            lines.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    return "\n".join([*lines, line])
+
+
+def png_bytes(report: SweepReport, name: str) -> bytes:
+    """The plot of defense ``name`` as PNG (no timestamp: the same report gives the same bytes)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figure(report, name)
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _svg(report: SweepReport, name: str) -> str:
+    import matplotlib
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
+
+    fig = figure(report, name)
+    FigureCanvasSVG(fig)
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": f"gleak-sweep-{name}", "svg.fonttype": "none"}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    return buffer.getvalue()
+
+
+def _named(svg: str, label: str) -> str:
+    """``svg`` (from its ``<svg`` tag) with ``role="img"``, ``aria-label`` and a leading ``<title>``."""
+    text = re.sub(r"<svg ", f'<svg role="img" aria-label="{label}" class="sweep-plot" ', svg, count=1)
+    head_end = text.index(">", text.index("<svg")) + 1
+    return text[:head_end] + f"<title>{label}</title>" + text[head_end:]
+
+
+def svg_markup(report: SweepReport, name: str) -> str:
+    """The plot as inline SVG markup (no XML prolog) with its accessible name."""
+    text = _svg(report, name)
+    return _named(text[text.index("<svg"):], str(escape(plot_title(report, name))))
+
+
+def svg_document(report: SweepReport, name: str) -> str:
+    """The plot as a standalone SVG file (XML prolog kept) with its accessible name."""
+    return _named(_svg(report, name), str(escape(plot_title(report, name))))
+
+
+# ----------------------------------------------------------------------------------------- tables
+@dataclass
+class SweepTable:
+    """One defense's table: a header, rows of display strings (the baseline first), which columns are numbers."""
+
+    header: list[str]
+    rows: list[list[str]]
+    numeric: list[bool]
+
+
+def cell(row: SweepRow | None, total: int) -> str:
+    """``mean ± std``, with ``(k/T)`` when only k of the T trials answered; ``n/a`` when none did."""
+    if row is None or row.mean is None:
+        return "n/a"
+    digits = 2 if row.metric == "psnr" else 3
+    text = f"{fmt_number(row.mean, digits)} ± {fmt_number(row.std, digits)}"
+    return text + (f" ({row.trials}/{total})" if row.failed else "")
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    return fmt_number(value, digits)
+
+
+def defense_table(report: SweepReport, name: str) -> SweepTable:
+    """Strength by strength (the undefended baseline first): chance, every attack, the utility and ε."""
+    defense = defense_of(report, name)
+    total = report.settings.trials
+    attacks = attacks_of(report)
+    metric_of = {r.attack: r.metric for r in report.rows}
+    chance_metrics = [m for m in metrics_of(report) if m != "identification_kappa"]
+    header = [_strength_label(defense)]
+    header += ["chance iAcc" if m == "iacc" else "no-attack PSNR (dB)" for m in chance_metrics]
+    header += [a if metric_of[a] == "iacc" else f"{a} {METRIC_SHORT[metric_of[a]]}" for a in attacks]
+    header += ["cosine", "rel. L2 error"] + (["ε"] if defense.training else [])
+    rows: list[list[str]] = []
+    for label, picked in [("none (undefended)", BASELINE), *[(_tick(defense, s), s) for s in _points(report, name)]]:
+        at = [r for r in report.rows if (r.defense == BASELINE if picked == BASELINE else
+                                         r.defense == name and r.strength == picked)]
+        by_attack = {r.attack: r for r in at}
+        line = [label]
+        for m in chance_metrics:
+            line.append(_number(_mean_of([r.chance for r in at if r.metric == m and r.chance is not None]),
+                                2 if m == "psnr" else 3))
+        line += [cell(by_attack.get(a), total) for a in attacks]
+        first = at[0] if at else None
+        line += [_number(first.utility.cosine if first else None, 4),
+                 _number(first.utility.relative_l2_error if first else None, 4)]
+        if defense.training:
+            line.append(_number(first.epsilon if first else None, 3) if picked != BASELINE else "∞")
+        rows.append(line)
+    return SweepTable(header, rows, [False] + [True] * (len(header) - 1))
+
+
+def settings_text(report: SweepReport, code: Callable[[str], str] | None = None) -> str:
+    """The sweep's setting in a sentence; ``code`` formats the paths (default: as they are; each renderer escapes
+    the result its own way)."""
+    s = report.settings
+    show = code or (lambda text: text)
+    client = f"B = {s.batch_size}, m = {s.local_steps} ({s.scheme})"
+    aux = f", aux data {show(s.aux)}" if s.aux else ""
+    return (f"model {show(s.model)}, data {show(s.data)}{aux}; {client}; {s.trials} trial(s) per point (seed "
+            f"{s.seed}), the same batches at every point; attacks: {', '.join(s.attacks)}; reconstruction bounded to "
+            f"{s.iterations} iterations" + (f"; the calibrated selector calibrated on {s.confidence} simulated "
+                                            "batches" if s.confidence else ""))
+
+
+def md_code(text: str) -> str:
+    """``text`` as a Markdown code span: literal, whatever it holds (backticks and control characters dropped)."""
+    return "`" + "".join(" " if ord(ch) < 32 or ord(ch) == 127 else ch for ch in text.replace("`", "'")) + "`"
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9 .,()=±+-]*")
+
+
+def md_cell(text: str) -> str:
+    """A table cell: as it is when it holds only letters, digits and harmless punctuation, else escaped."""
+    return text if _PLAIN.fullmatch(text) else md_escape(text)
+
+
+LEGEND = ("Cells: mean ± standard deviation over the trials the attack answered; (k/T): only k of the T trials "
+          "answered (the others: not applicable, failed or abstained; sweep.json gives the reason); n/a: none did. "
+          "iAcc: labels recovered (chance: random guessing for the same batches); κ: identification over chance of "
+          "the reconstructions' lineups (0 = chance); utility: the defended contribution against the clean one.")
+
+
+def markdown(report: SweepReport) -> str:
+    """``sweep.md``: the setting, notices, and per defense its plot (with its accessible name as alt text) and
+    table. Paths and specs (untrusted text) are escaped; names are registry names (``NAME_PATTERN``)."""
+    lines = ["# Defense sweep: leakage against defense strength", "", settings_text(report, md_code) + ".", ""]
+    if report.notices:
+        lines += [f"- {md_escape(n)}" for n in report.notices] + [""]
+    for defense in report.defenses:
+        strength = f" ({defense.strength})" if defense.strength else ""
+        lines += [f"## {defense.name}{strength}", "", f"Spec: {md_code(defense.spec)}"
+                  + (" (applied while the client trains)" if defense.training else "") + ".", "",
+                  f"![{plot_title(report, defense.name)}]({defense.plot}.png)", ""]
+        table = defense_table(report, defense.name)
+        lines.append("| " + " | ".join(table.header) + " |")
+        lines.append("|" + "|".join("---:" if n else "---" for n in table.numeric) + "|")
+        lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in table.rows]
+        lines.append("")
+    lines += [LEGEND, ""]
+    return "\n".join(lines)
+
+
+def print_summary(console: Console, report: SweepReport) -> None:
+    """The console view: per point and metric the strongest attack (highest mean), chance and utility."""
+    from rich.markup import escape as rich_escape
+    from rich.table import Table
+
+    dp = any(r.epsilon is not None for r in report.rows)
+    table = Table(title="gleak sweep: the best attack at each point", title_justify="left")
+    for col, right in (("defense", False), ("strength", True), ("metric", False), ("best attack", False),
+                       ("mean ± std", True), ("chance", True), ("cosine", True), *((("ε", True),) if dp else ())):
+        table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=col == "mean ± std")
+    keys: list[tuple[str, object]] = []
+    for r in report.rows:
+        if (r.defense, r.strength) not in keys:
+            keys.append((r.defense, r.strength))
+    for defense, strength in keys:
+        at = [r for r in report.rows if r.defense == defense and r.strength == strength]
+        for metric in metrics_of(report, at):
+            scored = [r for r in at if r.metric == metric and r.mean is not None]
+            best = max(scored, key=lambda r: r.mean or 0.0) if scored else None
+            chance = _mean_of([r.chance for r in at if r.metric == metric and r.chance is not None])
+            shown = "none" if strength == BASELINE else ("—" if strength is None else f"{strength:g}")
+            table.add_row(rich_escape(defense), shown, METRIC_SHORT[metric],
+                          rich_escape(best.attack) if best else "n/a", cell(best, report.settings.trials),
+                          _number(chance, 2 if metric == "psnr" else 3), _number(at[0].utility.cosine),
+                          *((_number(at[0].epsilon),) if dp else ()))
+    console.print(table)
+    for notice in report.notices:
+        console.print(f"[yellow]notice:[/] {rich_escape(notice)}", soft_wrap=True)

@@ -1,0 +1,638 @@
+"""The run behind ``gleak sweep``: how much each attack still recovers as a defense gets stronger, and what the
+defense costs.
+
+Trial t simulates the client once on the real data with seed ``seed + t·TRIAL_STRIDE`` (the undefended baseline,
+shared by every defense). Every contribution defense, at every strength, is applied to that same contribution with
+the trial's seed (so a Gaussian sweep adds the same draw, scaled); DP-SGD, which acts while the client trains,
+simulates the same batch again with the defense (:class:`gleak.simulate.ClientConfig` ``defenses``). Each point is
+attacked as ``gleak labels`` and ``gleak reconstruct`` attack a capture, scored against the simulated truth, and
+its utility measured against the clean contribution of the same trial; the rows aggregate over the trials. The
+curves are paired: every point sees the same batches.
+
+Trials run in this process or in worker processes (``jobs``); each trial is a function of its seed alone, so the
+rows do not depend on where it ran.
+
+Defense specs (``--defense``) are ``NAME[:KEY=VALUE,...][=V1,V2,...]``: see :func:`split_sweep` for the rule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from gleak import __version__
+from gleak.attacks import Context, build_context, get_attack
+from gleak.attacks.base import RunInputs
+from gleak.attacks.plan import run_label_attacks, select_attacks
+from gleak.attacks.registry import attack_class, resolve_assignments
+from gleak.capture import Capture, Truth
+from gleak.data import Dataset, load_dataset
+from gleak.defenses import DEFENSES, Defense, apply_defenses, contribution_distortion, split_spec
+from gleak.errors import GleakError, shorten
+from gleak.io import MAX_JSON_BYTES, OutputSet, check_input_file, show
+from gleak.metrics.identification import DEFAULT_DISTRACTORS
+from gleak.metrics.labels import chance_scores, label_scores, truth_counts
+from gleak.models import LoadedModel, load_model
+from gleak.registry import resolve_options
+from gleak.report.model import (
+    SweepDefense,
+    SweepMetric,
+    SweepReport,
+    SweepRow,
+    SweepSettings,
+    SweepUtility,
+)
+from gleak.runs.inputs import ModelSpec, default_max_memory, resolve_device, soft_truth
+from gleak.simulate import ClientConfig, simulate_client
+
+if TYPE_CHECKING:
+    from gleak.generator.file import GeneratorFile
+
+FLAG = "--defense"
+SPEC_SYNTAX = "NAME[:KEY=VALUE,...][=V1,V2,...] (e.g. gaussian=1e-3,1e-2 or topk:scope=global=0.9,0.99)"
+TRIAL_STRIDE = 1_000_003  # trial t simulates with seed + t·TRIAL_STRIDE
+DEFAULT_TRIALS = 5
+DEFAULT_ITERATIONS = 200  # the reconstruction attacks' bound: a sweep runs them many times
+DEFAULT_CONFIDENCE = 24  # batches simulated from aux to calibrate the calibrated selector (its own default)
+PSNR_CAP = 100.0  # dB recorded for an exact reconstruction (infinite PSNR: JSON has no infinity)
+BASELINE = "none"
+REPORT_FILE = "sweep.json"
+MARKDOWN_FILE = "sweep.md"
+CALIBRATED = "calibrated"
+CALIBRATED_SKIPPED = ("calibrated skipped: it calibrates the label attacks on batches simulated from auxiliary data; "
+                      "give --aux to run it")
+Progress = Callable[[int, int, str], None]  # (points done, points in all, what is running)
+
+
+# ----------------------------------------------------------------------------------------- defense specs
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def split_sweep(text: str) -> tuple[str, list[str] | None]:
+    """``(spec, strengths as written)`` of a sweep's ``--defense``; strengths None when it gives none.
+
+    The rule: the strengths are the text after the **last** ``=`` when (1) that text is a comma-separated list of
+    numbers and (2) the text before it is a whole ``NAME[:KEY=VALUE,...]`` — a bare name, or a name whose every
+    option item after ``:`` has its own ``=``. Otherwise the whole text is the spec (one point). So
+    ``topk:scope=global=0.9,0.99`` is topk with scope=global at ratios 0.9 and 0.99, ``dpsgd:max_grad_norm=1=0.5,1``
+    is DP-SGD with C = 1 at z = 0.5 and 1, while ``gaussian:sigma=0.1`` is one point (``gaussian:sigma`` is not a
+    whole spec) and ``gaussian:relative=true,sigma=0.1`` too."""
+    head, eq, tail = text.rpartition("=")
+    if not eq:
+        return text, None
+    tokens = [t.strip() for t in tail.split(",")]
+    if not all(_number(t) is not None for t in tokens):
+        return text, None
+    _, colon, options = head.partition(":")
+    if colon and not all("=" in item for item in options.split(",")):
+        return text, None
+    return head, tokens
+
+
+@dataclass(frozen=True)
+class DefenseSweep:
+    """One ``--defense`` of a sweep: the defense, the options kept fixed, and its points — (strength, the configured
+    defense) for each value, or one point at the configured options when no values are given."""
+
+    text: str
+    name: str
+    strength: str | None
+    fixed: Mapping[str, str]
+    values: tuple[float, ...]
+    points: tuple[tuple[float | None, Defense], ...]
+
+    @property
+    def training(self) -> bool:
+        return bool(self.points[0][1].training)
+
+
+def parse_sweep(text: str) -> DefenseSweep:
+    """A sweep's ``--defense``, every point built and validated as :func:`gleak.defenses.parse_defense` validates one
+    spec (unknown defense or key, a bad value: one line naming it and the choices)."""
+    spec, tokens = split_sweep(text)
+    if tokens is None and "=" in spec.partition(":")[0]:
+        raise GleakError(f"{FLAG} {shorten(repr(text), 60)}: expected {SPEC_SYNTAX}; the strengths after the last "
+                         "'=' must be numbers separated by commas")
+    try:
+        name, fixed = split_spec(spec, FLAG)
+    except GleakError as e:
+        raise GleakError(f"{e}; a sweep's strengths follow the whole spec: {SPEC_SYNTAX}") from None
+    cls = DEFENSES.lookup(name, where=f"{FLAG}: ")
+    strength = cls.strength
+    sources = {k: f"{FLAG} {cls.name}:{k}" for k in fixed}
+    if tokens is None:
+        options = resolve_options(cls, fixed, sources, FLAG)
+        value = float(getattr(options, strength)) if strength else None
+        return DefenseSweep(text, cls.name, strength, dict(fixed), (), ((value, cls(options)),))  # type: ignore[arg-type]
+    if strength is None:
+        varied = ", ".join(sorted(c.name for c in DEFENSES.values() if c.strength))
+        raise GleakError(f"{FLAG} {shorten(text, 60)}: {cls.name} has no strength option to sweep; give --defense "
+                         f"{cls.name} alone for one point (defenses with a strength: {varied})")
+    if strength in fixed:
+        raise GleakError(f"{FLAG} {shorten(text, 60)}: {strength} is the strength the sweep varies; give its values "
+                         f"after '=' only, not also as {strength}={fixed[strength]}")
+    points: list[tuple[float | None, Defense]] = []
+    values: list[float] = []
+    for token in tokens:
+        value = float(token)
+        if not math.isfinite(value):
+            raise GleakError(f"{FLAG} {cls.name}: strengths must be finite numbers, got {shorten(token, 20)!r}")
+        if value in values:
+            raise GleakError(f"{FLAG} {cls.name}: the strength {token} is given twice")
+        where = {**sources, strength: f"{FLAG} {cls.name} {strength}={token}"}
+        options = resolve_options(cls, {**fixed, strength: value}, where, FLAG)
+        values.append(value)
+        points.append((float(getattr(options, strength)), cls(options)))  # type: ignore[arg-type]
+    return DefenseSweep(text, cls.name, strength, dict(fixed), tuple(values), tuple(points))
+
+
+# ----------------------------------------------------------------------------------------- attacks
+@dataclass(frozen=True)
+class AttackPlan:
+    """What every point runs: the label attacks (the calibrated selector's candidates too), whether the selector
+    runs, the reconstruction attacks, the attacks that get rows (in order), and what was left out."""
+
+    labels: tuple[str, ...]
+    calibrated: bool
+    reconstruct: tuple[str, ...]
+    rows: tuple[str, ...]
+    notices: tuple[str, ...] = ()
+
+
+def plan_attacks(names: Sequence[str], aux: bool, generator: bool,
+                 options: Mapping[str, Mapping[str, str]]) -> AttackPlan:
+    """The attacks of ``--attack`` (none: the default label attacks, and the calibrated selector when there is
+    auxiliary data), every name and ``-O`` checked."""
+    notices: list[str] = []
+    if not names:
+        labels = tuple(a.name for a in select_attacks("labels", None))
+        if not aux:
+            notices.append(CALIBRATED_SKIPPED)
+        calibrated = aux
+        plan = AttackPlan(labels, calibrated, (), labels + ((CALIBRATED,) if calibrated else ()), tuple(notices))
+    else:
+        named: list[str] = list(dict.fromkeys(n.strip() for n in names))
+        label_names: list[str] = []
+        recon: list[str] = []
+        for name in named:
+            cls = attack_class(name, where="--attack: ")
+            if cls.name == CALIBRATED:
+                if not aux:
+                    raise GleakError("--attack calibrated calibrates the label attacks on batches simulated from "
+                                     "auxiliary data: give --aux")
+                continue
+            (label_names if cls.task == "labels" else recon).append(cls.name)
+        calibrated = CALIBRATED in named
+        candidates = tuple(label_names) or (tuple(a.name for a in select_attacks("labels", None)) if calibrated
+                                            else ())
+        rows = tuple(n for n in named if n in label_names or n == CALIBRATED)
+        plan = AttackPlan(candidates, calibrated, tuple(recon), rows)
+    from gleak.attacks.reconstruct.generative import GenerativeAttack
+
+    generative = [n for n in plan.reconstruct if issubclass(attack_class(n), GenerativeAttack)]
+    if generative and not generator:
+        raise GleakError(f"{generative[0]} reconstructs through an image generator: give --generator "
+                         "(gleak train-generator makes one)")
+    if generator and not generative:
+        raise GleakError("--generator is for the generative attacks (fgla, rgla); name one with --attack")
+    resolve_assignments(options)  # every attack, key and value checked
+    for name, values in options.items():
+        if name == CALIBRATED:
+            raise GleakError("-O calibrated.*: the sweep calibrates the selector on --confidence batches; set that")
+        if name not in plan.labels and name not in plan.reconstruct:
+            key = next(iter(values), "?")
+            raise GleakError(f"-O {name}.{key}: {name} does not run in this sweep (--attack names what runs)")
+    return plan
+
+
+# ----------------------------------------------------------------------------------------- the request
+@dataclass(frozen=True)
+class SweepRequest:
+    """``gleak sweep``: the global model, the client's data, the ``--defense`` specs, the attacks (none: the default
+    label attacks and, with ``aux``, the calibrated selector), ``-O`` assignments, how the client trains, how many
+    trials, and where trials run (``jobs`` 0: auto; 1: here; N: N worker processes)."""
+
+    model: ModelSpec
+    data: Path
+    defenses: tuple[str, ...]
+    attacks: tuple[str, ...] = ()
+    aux: Path | None = None
+    generator: Path | None = None
+    options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    batch_size: int = 8
+    local_steps: int = 1
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    iterations: int | None = None  # None: DEFAULT_ITERATIONS (and -O ATTACK.iterations may set one attack's)
+    confidence: int = DEFAULT_CONFIDENCE
+    jobs: int = 1
+    device: str = "auto"
+
+    @property
+    def scheme(self) -> str:
+        return "fedsgd" if self.local_steps == 1 else "fedavg"
+
+    def client(self, trial: int) -> ClientConfig:
+        """The client of trial ``trial`` (undefended)."""
+        return ClientConfig(batch_size=self.batch_size, local_steps=self.local_steps, scheme=self.scheme,
+                            seed=self.trial_seed(trial))
+
+    @property
+    def bound(self) -> int:
+        """The reconstruction attacks' iteration bound."""
+        return DEFAULT_ITERATIONS if self.iterations is None else self.iterations
+
+    def trial_seed(self, trial: int) -> int:
+        return self.seed + TRIAL_STRIDE * trial
+
+    def check(self) -> tuple[list[DefenseSweep], AttackPlan]:
+        """Every spec, attack and number checked before any file is read (one-line GleakErrors)."""
+        if not self.defenses:
+            raise GleakError(f"give at least one {FLAG} {SPEC_SYNTAX} (gleak defenses lists them)")
+        if self.model.path is None:
+            raise GleakError("sweep needs the global model (--model)")
+        for what, value, low in (("--trials", self.trials, 1), ("--batch-size", self.batch_size, 1),
+                                 ("--local-steps", self.local_steps, 1), ("--iterations", self.bound, 1),
+                                 ("--confidence", self.confidence, 4), ("--seed", self.seed, 0)):
+            if value < low:
+                raise GleakError(f"{what} must be ≥ {low}, got {value}")
+        sweeps = [parse_sweep(text) for text in self.defenses]
+        names = [s.name for s in sweeps]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            raise GleakError(f"{FLAG} {twice} is given twice; give each defense once, with all its strengths")
+        ClientConfig(batch_size=self.batch_size, local_steps=self.local_steps, scheme=self.scheme)  # validates
+        both = next((name for name, values in self.options.items() if "iterations" in values), None)
+        if both is not None and self.iterations is not None:
+            raise GleakError(f"--iterations and -O {both}.iterations both set the iteration bound; give one")
+        return sweeps, plan_attacks(self.attacks, self.aux is not None, self.generator is not None, self.options)
+
+
+# ----------------------------------------------------------------------------------------- one trial
+@dataclass
+class PointResult:
+    """One point of one trial: each attack's score (None: no answer) and why not, the chance of the metric for this
+    batch, the utility of the defended contribution, and DP-SGD's ε."""
+
+    scores: dict[str, float | None]
+    reasons: dict[str, str]
+    chance: dict[str, float | None]
+    utility: dict[str, float]
+    epsilon: float | None = None
+
+
+Point = tuple[int, int]  # (defense index, strength index); BASE_POINT: the undefended baseline
+BASE_POINT: Point = (-1, -1)
+Trial = dict[Point, PointResult]
+
+
+@dataclass
+class _Setup:
+    """What a process runs trials with: the request, its checked specs and plan, the model, data, aux data and
+    generator loaded once, and the caches shared by every point (model forwards of the aux data, the selector's
+    calibration: both depend on the model and settings, not on the defense)."""
+
+    request: SweepRequest
+    sweeps: list[DefenseSweep]
+    plan: AttackPlan
+    loaded: LoadedModel
+    data: Dataset
+    aux: Dataset | None
+    generator: GeneratorFile | None
+    device: torch.device
+    max_memory: int | None
+    forward_cache: dict[str, Any] = field(default_factory=dict)
+    calibration_cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, request: SweepRequest) -> _Setup:
+        sweeps, plan = request.check()
+        m = request.model
+        assert m.path is not None  # checked
+        loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle)
+        data = load_dataset(request.data)
+        from_zoo = loaded.arch is not None and not loaded.arch.startswith("torchvision:")
+        if from_zoo and loaded.input_shape and tuple(loaded.input_shape) != data.input_shape:
+            raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "
+                             f"{list(data.input_shape)}")
+        aux = load_dataset(request.aux) if request.aux is not None else None
+        device = resolve_device(request.device)
+        generator = None
+        if request.generator is not None:
+            from gleak.generator.file import load_generator
+
+            generator = load_generator(request.generator, device)
+        return cls(request, sweeps, plan, loaded, data, aux, generator, device, default_max_memory())
+
+    @property
+    def points(self) -> list[Point]:
+        return [BASE_POINT] + [(i, j) for i, s in enumerate(self.sweeps) for j in range(len(s.points))]
+
+    def metric(self, attack: str) -> SweepMetric:
+        if attack not in self.plan.reconstruct:
+            return "iacc"
+        return "identification_kappa" if self.aux is not None else "psnr"
+
+    def describe(self, point: Point) -> str:
+        if point == BASE_POINT:
+            return "undefended"
+        sweep = self.sweeps[point[0]]
+        value = sweep.points[point[1]][0]
+        return sweep.name if value is None or sweep.strength is None else f"{sweep.name} {sweep.strength}={value:g}"
+
+
+def run_trial(setup: _Setup, trial: int, tick: Callable[[str], None] | None = None) -> Trial:
+    """Every point of trial ``trial``: the baseline, then each defense at each strength (``tick`` after each)."""
+    request = setup.request
+    seed = request.trial_seed(trial)
+    config = request.client(trial)
+    clean, truth = simulate_client(setup.loaded.module, setup.data, config, setup.device)
+    out: Trial = {BASE_POINT: _score(setup, clean, truth, seed, {"relative_l2_error": 0.0, "cosine": 1.0})}
+    if tick:
+        tick(setup.describe(BASE_POINT))
+    for i, sweep in enumerate(setup.sweeps):
+        for j, (_, defense) in enumerate(sweep.points):
+            epsilon = None
+            if defense.training:  # the same batch, trained with the defense
+                defended, dp_truth = simulate_client(setup.loaded.module, setup.data,
+                                                     replace(config, defenses=(defense,)), setup.device)
+                if not torch.equal(dp_truth.labels, truth.labels):
+                    raise RuntimeError("the defended client drew another batch than the undefended one")
+                epsilon = float(defended.value("gleak.dp.epsilon"))
+            else:
+                defended = apply_defenses(clean, [defense], seed)
+            utility = contribution_distortion(clean, defended)
+            out[(i, j)] = _score(setup, defended, truth, seed, utility, epsilon)
+            if tick:
+                tick(setup.describe((i, j)))
+    return out
+
+
+def _score(setup: _Setup, capture: Capture, truth: Truth, seed: int, utility: dict[str, float],
+           epsilon: float | None = None) -> PointResult:
+    """Attack one (defended) contribution and score every attack of the plan against the truth."""
+    request, plan = setup.request, setup.plan
+    ctx = build_context(capture, setup.loaded, None, setup.device, request.seed, max_memory=setup.max_memory)
+    if setup.aux is not None:
+        ctx = ctx.with_aux(setup.aux, setup.forward_cache)
+    counts = truth_counts(truth.labels, ctx.num_classes)
+    chance_iacc = chance_scores(counts)["iacc"]
+    result = PointResult({}, {}, {}, utility, epsilon)
+    if plan.labels:
+        attacks = [get_attack(name, "labels") for name in plan.labels]
+        for attack in attacks:
+            attack.configure(request.options.get(attack.name, {}))
+        simulations = request.confidence if plan.calibrated else 0
+        ran = {r.attack: r for r in run_label_attacks(ctx, attacks, counts, None, soft_truth(ctx, truth), simulations,
+                                                      setup.calibration_cache, combine=plan.calibrated)}
+        for name in plan.rows:
+            r = ran.get(name)
+            result.chance[name] = chance_iacc
+            if r is not None and r.status == "ok" and r.output is not None:
+                result.scores[name] = label_scores(r.labels.counts, counts)["iacc"]
+            else:
+                result.scores[name] = None
+                result.reasons[name] = "did not run" if r is None else f"{r.status}: {r.reason or r.status}"
+    for name in plan.reconstruct:
+        score, chance, why = _reconstruct(setup, ctx, truth, name, seed)
+        result.scores[name], result.chance[name] = score, chance
+        if why is not None:
+            result.reasons[name] = why
+    return result
+
+
+def _reconstruct(setup: _Setup, ctx: Context, truth: Truth, name: str,
+                 seed: int) -> tuple[float | None, float | None, str | None]:
+    """(score, chance, why no score) of reconstruction ``name`` on ``ctx``: identification over chance κ of its
+    lineup with aux data (chance 0), else the mean PSNR (chance: the no-attack baseline's PSNR)."""
+    from gleak.runs.reconstruct import reconstruct
+    from gleak.runs.scoring import identification_of
+
+    attack = get_attack(name, "reconstruct")
+    bounds = {"iterations": setup.request.bound} if "iterations" in attack.Options.model_fields else {}
+    attack.configure({**bounds, **setup.request.options.get(name, {})})
+    reason = attack.not_applicable(ctx, RunInputs(generator=setup.generator))
+    if reason:
+        return None, 0.0 if setup.aux is not None else None, f"not_applicable: {reason}"
+    try:
+        done = reconstruct(ctx, attack, "auto", truth, setup.generator, lpips="off")
+    except GleakError as e:
+        return None, None, f"failed: {e}"
+    if not done.ok or done.scored is None or done.images is None or done.truth_pixels is None:
+        return None, None, done.scoring_error or f"{done.result.status}: {done.result.reason or 'no images'}"
+    if setup.aux is not None:
+        found = identification_of(ctx, done.images, done.truth_pixels, truth, DEFAULT_DISTRACTORS, seed)
+        if found is None:
+            return None, 0.0, "no lineup: the auxiliary data does not fit the capture's images"
+        return found[0].kappa, 0.0, None
+    psnr = done.scored.metrics["mean"]["psnr"]
+    psnr = PSNR_CAP if psnr is None or not math.isfinite(psnr) else min(float(psnr), PSNR_CAP)
+    return psnr, float(done.scored.baseline_psnr), None
+
+
+# ----------------------------------------------------------------------------------------- trials, here or in workers
+_WORKER: dict[str, _Setup] = {}
+
+
+def _worker_init(request: SweepRequest, threads: int) -> None:
+    torch.set_num_threads(threads)
+    _WORKER["setup"] = _Setup.open(request)
+
+
+def _worker_trial(trial: int) -> Trial:
+    return run_trial(_WORKER["setup"], trial)
+
+
+def _pool(request: SweepRequest, trials: Sequence[int], workers: int) -> Iterator[tuple[int, Trial]]:
+    """``trials`` run by ``workers`` spawned processes (each loads the inputs once); yields (trial, result) as they
+    finish. An error in any trial stops the rest."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+    threads = max(1, torch.get_num_threads() // workers)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(request, threads))
+    try:
+        pending: dict[Future[Trial], int] = {pool.submit(_worker_trial, t): t for t in trials}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                t = pending.pop(future)
+                yield t, future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_trials(setup: _Setup, jobs: int, progress: Progress | None) -> tuple[list[Trial], int]:
+    """Every trial's points, in trial order, and the number of processes that ran them: here (``jobs`` 1), in
+    ``jobs`` workers, or (``jobs`` 0, auto) here until the trials left would take longer than starting workers
+    costs (:data:`gleak.runs.audit.executors.local.AUTO_BREAK_EVEN_SECONDS`), then one worker per CPU."""
+    from gleak.runs.audit.executors.local import AUTO_BREAK_EVEN_SECONDS, available_cpus
+
+    count = setup.request.trials
+    per_trial = len(setup.points)
+    total = count * per_trial
+    results: dict[int, Trial] = {}
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total, what)
+
+    def ticker(t: int) -> Callable[[str], None]:
+        return lambda what: tick(f"trial {t + 1}/{count}: {what}")
+
+    workers = 1
+    if jobs != 1 and count > 1 and (jobs > 1 or available_cpus() > 1):
+        if jobs > 1:
+            workers = min(jobs, count)
+            todo = list(range(count))
+        else:  # auto: measure here first; the first trial pays for warming up (imports, calibration, caches)
+            todo = []
+            for t in range(count):
+                started = time.perf_counter()
+                results[t] = run_trial(setup, t, ticker(t))
+                left = count - t - 1
+                if t >= 1 and left >= 2 and (time.perf_counter() - started) * left > AUTO_BREAK_EVEN_SECONDS:
+                    todo = list(range(t + 1, count))
+                    workers = min(available_cpus(), left)
+                    break
+        for t, trial in (_pool(setup.request, todo, workers) if todo else iter(())):
+            results[t] = trial
+            done += per_trial
+            if progress:
+                progress(done, total, f"trial {t + 1}/{count} done ({workers} workers)")
+    for t in range(count):
+        if t not in results:
+            results[t] = run_trial(setup, t, ticker(t))
+    return [results[t] for t in range(count)], workers
+
+
+# ----------------------------------------------------------------------------------------- the run
+def run_sweep(request: SweepRequest, progress: Progress | None = None) -> SweepReport:
+    """Check the request, load the inputs, run every trial at every point, and aggregate the rows."""
+    started = time.perf_counter()
+    setup = _Setup.open(request)
+    trials, workers = _run_trials(setup, request.jobs, progress)
+    rows = _rows(setup, trials)
+    plan = setup.plan
+    m = request.model
+    settings = SweepSettings(
+        model=str(m.path), arch=m.arch, data=str(request.data), aux=str(request.aux) if request.aux else None,
+        generator=str(request.generator) if request.generator else None, batch_size=request.batch_size,
+        local_steps=request.local_steps, scheme="fedsgd" if request.scheme == "fedsgd" else "fedavg",
+        trials=request.trials, seed=request.seed, trial_stride=TRIAL_STRIDE,
+        attacks=list(plan.rows + plan.reconstruct), iterations=request.bound,
+        confidence=request.confidence if plan.calibrated else 0, distractors=DEFAULT_DISTRACTORS, jobs=request.jobs,
+        workers=workers, threads=torch.get_num_threads(), device=str(setup.device))
+    defenses = [SweepDefense(name=s.name, spec=s.text, strength=s.strength, fixed=dict(s.fixed),
+                             values=list(s.values), training=s.training, plot=s.name) for s in setup.sweeps]
+    notices = list(plan.notices)
+    for attack in settings.attacks:  # an attack with no answer anywhere: say why once, not only in its rows
+        mine = [r for r in rows if r.attack == attack]
+        if all(r.trials == 0 for r in mine):
+            notices.append(f"{attack} gave no answer at any point ({mine[0].reason or 'no reason recorded'})")
+    return SweepReport(gleak_version=__version__, settings=settings, defenses=defenses, rows=rows,
+                       notices=notices, seconds=round(time.perf_counter() - started, 3))
+
+
+def _round(value: float) -> float:
+    return round(float(value), 6)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return _round(statistics.fmean(values)) if values else None
+
+
+def _rows(setup: _Setup, trials: list[Trial]) -> list[SweepRow]:
+    """One row per (point, attack), the baseline first, over the trials."""
+    rows: list[SweepRow] = []
+    attacks = list(setup.plan.rows + setup.plan.reconstruct)
+    for point in setup.points:
+        results = [trial[point] for trial in trials]
+        strength: float | Literal["none"] | None
+        if point == BASE_POINT:
+            defense, strength = BASELINE, "none"
+        else:
+            sweep = setup.sweeps[point[0]]
+            defense, strength = sweep.name, sweep.points[point[1]][0]
+        utility = SweepUtility(**{k: _round(statistics.fmean(r.utility[k] for r in results))
+                                  for k in ("relative_l2_error", "cosine")})
+        epsilons = [r.epsilon for r in results if r.epsilon is not None]
+        epsilon = _mean(epsilons)
+        for attack in attacks:
+            scores = [s for r in results if (s := r.scores.get(attack)) is not None]
+            chances = [c for r in results if (c := r.chance.get(attack)) is not None]
+            reason = next((r.reasons[attack] for r in results if attack in r.reasons and r.scores.get(attack) is None),
+                          None)
+            rows.append(SweepRow(
+                defense=defense, strength=strength, attack=attack, metric=setup.metric(attack), mean=_mean(scores),
+                std=_round(statistics.stdev(scores)) if len(scores) > 1 else (0.0 if scores else None),
+                trials=len(scores), failed=len(results) - len(scores),
+                reason=shorten(" ".join(reason.split()), 300) if reason else None,
+                chance=_mean(chances), utility=utility, epsilon=epsilon))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- files
+def write_sweep(report: SweepReport, folder: Path, force: bool = False) -> list[Path]:
+    """``sweep.json``, ``sweep.md`` and each defense's plot (PNG and SVG) in ``folder``: all of them or, on any
+    failure, none (a folder this call created is removed again)."""
+    from gleak.report.sweep_plots import markdown, png_bytes, svg_document
+
+    with OutputSet(folder, force) as out:
+        out.write_bytes(REPORT_FILE, (json.dumps(report.to_json(), indent=2) + "\n").encode("utf-8"))
+        for defense in report.defenses:
+            out.write_bytes(f"{defense.plot}.png", png_bytes(report, defense.name))
+            out.write_bytes(f"{defense.plot}.svg", svg_document(report, defense.name).encode("utf-8"))
+        out.write_bytes(MARKDOWN_FILE, markdown(report).encode("utf-8"))
+        return out.commit()
+
+
+def load_sweep(path: Path) -> SweepReport:
+    """A sweep's ``sweep.json`` (``path`` is the sweep's folder or the file), validated against
+    :class:`~gleak.report.model.SweepReport`: an untrusted file, refused in one line when it is not one."""
+    from pydantic import ValidationError
+
+    try:
+        file = path / REPORT_FILE if path.is_dir() else path
+    except OSError as exc:
+        raise GleakError(f"cannot read {show(path)}: {exc.strerror or type(exc).__name__}") from None
+    check_input_file(file, "sweep report", MAX_JSON_BYTES)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else shorten(" ".join(str(e).split()), 100)
+        raise GleakError(f"{show(file)}: not a JSON sweep report ({reason})") from None
+    if not isinstance(data, dict) or data.get("report") != "sweep":
+        got = data.get("report") if isinstance(data, dict) else type(data).__name__
+        raise GleakError(f"{show(file)}: not a gleak sweep report (report: {shorten(repr(got), 40)})")
+    try:
+        report = SweepReport.model_validate(data)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise GleakError(f"{show(file)}: not a valid sweep report: {shorten(loc, 80)}: "
+                         f"{shorten(first['msg'], 160)}") from None
+    names = [d.name for d in report.defenses]
+    plots = [d.plot for d in report.defenses]
+    if len(set(names)) != len(names) or len(set(plots)) != len(plots):
+        raise GleakError(f"{show(file)}: not a valid sweep report: a defense or plot is listed twice")
+    stray = next((r.defense for r in report.rows if r.defense != BASELINE and r.defense not in names), None)
+    if stray is not None:
+        raise GleakError(f"{show(file)}: not a valid sweep report: rows of defense {stray!r}, which it does not list")
+    return report
