@@ -9,6 +9,7 @@ import torch
 
 from gleak.capture import Capture
 from gleak.defenses.base import Defense, apply_to
+from gleak.defenses.spec import parse_defense
 from gleak.errors import GleakError
 
 SEED_STRIDE = 7919  # defense i of a list draws from seed + i·7919: independent streams, reproducible
@@ -25,7 +26,9 @@ def recorded_defenses(capture: Capture) -> list[dict[str, Any]]:
 
 def rebuild_defenses(records: Sequence[dict[str, Any]]) -> tuple[list[Defense], list[str]]:
     """The defenses a ``gleak.defense`` record describes, rebuilt from their names and options (to simulate a
-    client that applies them), and the entries that cannot be (another framework's defense, unknown options)."""
+    client that applies them) — another framework's defense through the ``gleak_equivalent`` specs gleak's
+    integrations record beside it (Flower's LocalDpMod, NVFlare's filters) — and the entries that cannot be (no
+    equivalent, unknown options)."""
     from gleak.defenses.base import DEFENSES
     from gleak.registry import resolve_options
 
@@ -34,6 +37,13 @@ def rebuild_defenses(records: Sequence[dict[str, Any]]) -> tuple[list[Defense], 
     for record in records:
         name = str(record.get("name", "?"))
         cls = DEFENSES.get(name)
+        equivalent = record.get("gleak_equivalent")
+        if cls is None and isinstance(equivalent, list):  # another framework's defense, with gleak's equivalent
+            try:
+                rebuilt += [parse_defense(str(spec)) for spec in equivalent]
+            except GleakError:
+                unknown.append(name)
+            continue
         if cls is None:
             unknown.append(name)
             continue

@@ -5,6 +5,14 @@ Message / ArrayRecord API).
   ``train`` message it writes the client's update (local − global, keyed by state_dict names) as a capture
   with the round, node, learning rate, local steps, batch size, optimizer and ``num-examples`` Flower gave.
   It reads the message and the reply and changes neither; a failure to write is logged, never raised.
+* ``GleakCaptureMod(..., defense=[dp])`` behind a defense mod such as Flower's ``LocalDpMod``: Flower wraps the
+  app in its mods with the first one outermost (``ClientApp`` mods before a function's own), so the capture mod
+  goes *before* the defense — ``ClientApp(mods=[GleakCaptureMod(..., defense=[dp])])`` with
+  ``@app.train(mods=[dp])`` — and sees the reply after the defense changed it; ``defense`` stamps what the defense
+  does into every capture's ``gleak.defense`` (:func:`defense_record`; docs/defenses.md, "Inside FL frameworks").
+  (flwr 1.42's
+  ``flwr.clientapp.mod.LocalDpMod`` does not check the message type: among the ``ClientApp``'s own mods it turns
+  an evaluate reply without arrays into an error; a ``train`` function's mods only see training.)
 * :func:`record_batch` — the documented hook for ground truth: a client app that calls it with each batch it
   trains on gets a ``.truth.safetensors`` beside its capture (for scoring, e.g. in tests and red-team runs).
 * :class:`GleakAuditStrategy` — wraps any server strategy (``GleakAuditStrategy(FedAvg(...), model=...)``):
@@ -57,6 +65,38 @@ METADATA_KEYS: dict[str, tuple[str, ...]] = {
 OPTIMIZER_NAMES = {"sgd": "sgd", "sgdm": "sgdm", "nag": "nag", "nesterov": "nag", "adam": "adam"}
 TIMINGS_FILE = "gleak-mod.jsonl"
 BATCH_KEY = "gleak.batch."  # context.state keys written by record_batch, one per local step
+
+
+def defense_record(defense: Any) -> dict[str, Any]:
+    """One ``gleak.defense`` entry for what a client applies to its reply before it leaves.
+
+    A Flower ``LocalDpMod`` (``flwr.clientapp.mod``, or the legacy ``flwr.client.mod`` one for ``client_fn`` apps;
+    both do the same maths) becomes ``{"name": "flwr.LocalDpMod", "clipping_norm", "sensitivity", "epsilon",
+    "delta", "noise_std", "gleak_equivalent"}``: it clips the update (reply − received arrays, all arrays together)
+    to L2 norm ``clipping_norm``, then adds N(0, σ²) to every entry of every array with σ = ``noise_std`` =
+    sensitivity · √(2 ln(1.25/δ)) / ε — gleak's ``clip:norm=C`` then ``gaussian:sigma=σ`` (``gleak_equivalent``,
+    the specs ``gleak defend --defense`` takes; exact for models without buffers, which Flower clips and noises
+    too and gleak leaves alone). A mapping with a string ``name`` (and JSON values) is recorded as given."""
+    if isinstance(defense, Mapping):
+        record = dict(defense)
+        if not isinstance(record.get("name"), str) or not record["name"]:
+            raise GleakError(f"defense {shorten(repr(defense), 80)}: a mapping needs a 'name' (a string)")
+        try:
+            json.dumps(record, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise GleakError(f"defense {record['name']!r}: its values must be JSON ({e})") from None
+        return record
+    if type(defense).__name__ == "LocalDpMod" and all(hasattr(defense, k) for k in _LOCAL_DP_OPTIONS):
+        c, s, eps, delta = (float(getattr(defense, k)) for k in _LOCAL_DP_OPTIONS)
+        sigma = s * math.sqrt(2 * math.log(1.25 / delta)) / eps if eps > 0 and 0 < delta < 1.25 else None
+        return {"name": "flwr.LocalDpMod", "clipping_norm": c, "sensitivity": s, "epsilon": eps, "delta": delta,
+                "noise_std": sigma,
+                "gleak_equivalent": [f"clip:norm={c!r}", f"gaussian:sigma={sigma!r}"] if sigma is not None else None}
+    raise GleakError(f"defense {shorten(repr(defense), 80)}: expected Flower's LocalDpMod or a mapping with a "
+                     "'name' (e.g. {'name': 'my-clip', 'norm': 1.0})")
+
+
+_LOCAL_DP_OPTIONS = ("clipping_norm", "sensitivity", "epsilon", "delta")
 
 
 def record_batch(context: Context, inputs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -252,7 +292,10 @@ class GleakCaptureMod:
     ``models/``). ``arch`` / ``arch_kwargs``: the model's gleak arch spec, stored with the global models so
     ``gleak audit`` can load them. ``background`` (default): the capture is written by a writer thread while
     the client's reply goes back (the round waits only for a reference to the two ArrayRecords); call
-    :meth:`flush` to wait for it. The rest describe the client's training when its messages do not."""
+    :meth:`flush` to wait for it. ``defense``: what the mods between this one and the client app do to the reply,
+    in the order applied (Flower's ``LocalDpMod`` objects, or mappings with a ``name``; :func:`defense_record`),
+    stamped as every capture's ``gleak.defense``; this mod must be outside them in the chain to capture what they
+    send (the module docs). The rest describe the client's training when its messages do not."""
 
     def __init__(self, out_dir: str | Path, *, arch: str | None = None, arch_kwargs: Mapping[str, Any] | None = None,
                  learning_rate: float | None = None, local_steps: int | None = None,
@@ -260,7 +303,8 @@ class GleakCaptureMod:
                  momentum: float | None = None, weight_decay: float | None = None, loss: LossSpec | None = None,
                  input_shape: Sequence[int] | None = None, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, save_global: bool = True, force: bool = False,
-                 background: bool = True) -> None:
+                 background: bool = True, defense: Sequence[Any] | None = None) -> None:
+        self.defense = [defense_record(d) for d in defense or ()]  # a configuration error raises here, not per round
         self.recorder = CaptureRecorder(out_dir, arch=arch, arch_kwargs=arch_kwargs, save_global=save_global,
                                         input_shape=input_shape, mean=mean, std=std, loss=loss, force=force,
                                         producer="flower mod")
@@ -340,6 +384,7 @@ class GleakCaptureMod:
                 extra[f"flower.{key}"] = str(context.node_config[key])
         sources = [dict(r) for r in (*_records(reply), *configs, context.run_config)]
         record = self.metadata.record(round, str(context.node_id), sources, extra, len(batches) if batches else None)
+        record.defense = [dict(d) for d in self.defense] or None
 
         def job() -> Path | None:
             truth = _batches(batches)

@@ -12,11 +12,19 @@ Add :class:`GleakCaptureFilter` to a client's ``task_result_filters`` (Job API:
 * metadata: the round (``current_round`` header), the site name, ``NUM_STEPS_CURRENT_ROUND`` as the local steps,
   plus what the filter is told (learning rate, batch size, optimizer, arch).
 
+Behind a privacy filter (NVFlare's ``PercentilePrivacy`` or ``SVTPrivacy``): a site's task-result filters run
+in order (those of the site's privacy scope first, then the job's, in the order ``job.to`` added them), so add
+:class:`GleakCaptureFilter` *after* the privacy filter to capture what leaves the site, with
+``defense=[the filter]`` to stamp what it did into every capture's ``gleak.defense`` (:func:`defense_record`, with
+the equivalent gleak defense where one exists; docs/defenses.md, "Inside FL frameworks").
+
 The filter never changes the DXO (it returns None, "not filtered"); a failure to write is logged, never raised.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,13 +38,96 @@ from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.app_common.app_constant import AppConstants
 
-from gleak.errors import shorten
+from gleak.errors import GleakError, shorten
 from gleak.integrations.recorder import CaptureRecorder, ClientRecord
 
 # the last global model each (job, site) received, from the task-data instance to the task-result instance
 # (NVFlare builds one filter object per chain)
 _GLOBALS: dict[tuple[str, str], tuple[int | None, dict[str, torch.Tensor]]] = {}
 _GLOBALS_LOCK = threading.Lock()
+
+
+# NVFlare's privacy filters (nvflare.app_common.filters) and the constructor options recorded for each
+PRIVACY_FILTERS: dict[str, tuple[str, ...]] = {
+    "PercentilePrivacy": ("percentile", "gamma"),
+    "SVTPrivacy": ("fraction", "epsilon", "noise_var", "gamma", "tau", "replace", "epsilon_threshold",
+                   "epsilon_query", "epsilon_release"),
+}
+SVT_BUDGET = "svt_privacy_budget"  # the DXO meta property SVTPrivacy writes (its per-call privacy accounting)
+
+
+def defense_record(defense: Any) -> dict[str, Any]:
+    """One ``gleak.defense`` entry for a filter that runs before the capture filter: NVFlare's ``PercentilePrivacy``
+    or ``SVTPrivacy`` becomes ``{"name": "nvflare.PercentilePrivacy", "percentile", "gamma"}`` (or the SVT options);
+    a mapping with a string ``name`` (and JSON values) is kept as given. Each capture's entry adds what the
+    filter did to that update and the equivalent gleak defense where one exists."""
+    if isinstance(defense, Mapping):
+        record = dict(defense)
+        if not isinstance(record.get("name"), str) or not record["name"]:
+            raise GleakError(f"defense {shorten(repr(defense), 80)}: a mapping needs a 'name' (a string)")
+    elif isinstance(defense, DXOFilter) and type(defense).__name__ in PRIVACY_FILTERS:
+        kind = type(defense).__name__
+        record = {"name": f"nvflare.{kind}", **{k: getattr(defense, k, None) for k in PRIVACY_FILTERS[kind]}}
+    else:
+        raise GleakError(f"defense {shorten(repr(defense), 80)}: expected NVFlare's PercentilePrivacy or SVTPrivacy, "
+                         "or a mapping with a 'name'")
+    try:
+        json.dumps(record, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise GleakError(f"defense {record['name']!r}: its values must be JSON ({e})") from None
+    return record
+
+
+def _applied(record: dict[str, Any], dxo: DXO, data: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], str | None]:
+    """``record`` with what its filter did to this update (read from the filtered DXO) and ``gleak_equivalent``:
+    gleak defense specs that transform the clean update the same way, or None and ``no_equivalent`` (why). The
+    second value: a warning when the DXO does not show the filter ran before this one."""
+    out, warning = dict(record), None
+    name = record.get("name")
+    steps = dxo.get_meta_prop(MetaKey.NUM_STEPS_CURRENT_ROUND, 1)  # both filters divide by it (default 1)
+    m = float(steps) if isinstance(steps, int | float) and not isinstance(steps, bool) and steps > 0 else 1.0
+    arrays = [t for t in data.values() if t.dim() > 0]
+    if name == "nvflare.PercentilePrivacy":
+        # zero every entry with |Δ/m| below the percentile of all |Δ/m|, then clamp each to ±gamma per step
+        p, gamma = float(record.get("percentile", 10)), float(record.get("gamma", 0.01))
+        if gamma <= 0 or not 0 <= p <= 100:
+            out.update(gleak_equivalent=[], note="inactive: NVFlare skips gamma <= 0 or a percentile outside 0..100")
+            return out, None
+        bound = gamma * m * (1 - 1e-6)
+        clamped = sum(int((t.abs() >= bound).sum()) for t in arrays)
+        out["clamped"] = clamped  # entries at ±gamma·m: the clamp bound on this update
+        if dxo.data_kind != DataKind.WEIGHT_DIFF:
+            out.update(gleak_equivalent=None, no_equivalent="applied to the weights, not to the update")
+        elif clamped:
+            out.update(gleak_equivalent=None, no_equivalent=f"{clamped} entries clamped to ±gamma per local step: "
+                       "gleak has no per-entry clamp (topk:ratio=percentile/100,scope=global is the rest)")
+        elif p >= 100:
+            out.update(gleak_equivalent=None, no_equivalent="percentile 100 keeps only the largest entry")
+        else:
+            out["gleak_equivalent"] = [f"topk:ratio={round(p / 100, 12)!r},scope=global"]
+    elif name == "nvflare.SVTPrivacy":
+        # a noisy-threshold (sparse vector) choice of about fraction × the entries; each released entry is
+        # clamp(Δ/m, ±gamma) + Laplace(2·gamma·n_upload / epsilon_release), times m; the rest are zeroed
+        budget = dxo.get_meta_prop(SVT_BUDGET)
+        if not isinstance(budget, Mapping):
+            return out, ("gleak: the DXO carries no SVTPrivacy accounting: list GleakCaptureFilter after "
+                         "SVTPrivacy to capture what leaves the site")
+        n_upload, eps_release = budget.get("n_upload"), budget.get("epsilon_release")
+        out.update({k: budget.get(k) for k in ("n_upload", "epsilon_total", "epsilon_release")})
+        gamma = float(record.get("gamma", 1e-5))
+        if isinstance(n_upload, int | float) and isinstance(eps_release, int | float) and eps_release > 0:
+            scale = 2.0 * gamma * float(n_upload) / float(eps_release) * m
+            out["release_noise_scale"] = scale
+            total = sum(t.numel() for t in arrays)
+            if float(record.get("fraction", 0.1)) >= 1 and not record.get("replace", True) and n_upload >= total \
+                    and dxo.data_kind == DataKind.WEIGHT_DIFF and math.isfinite(scale):
+                out["gleak_equivalent"] = [f"laplace:scale={scale!r}"]
+                out["gleak_equivalent_if"] = "every |update entry| / local steps <= gamma (SVT clamps it there)"
+            else:
+                out.update(gleak_equivalent=None, no_equivalent="SVT releases a random subset of about fraction × "
+                           "the entries (noisy threshold queries; drawn with replacement when replace) and clamps "
+                           "each to ±gamma per local step: gleak has no random sparsification or per-entry clamp")
+    return out, warning
 
 
 def _tensors(data: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -48,16 +139,28 @@ class GleakCaptureFilter(DXOFilter):
     """Write each ``WEIGHT_DIFF`` / ``WEIGHTS`` task result as a gleak capture; see the module docs.
 
     ``out_dir``: captures as ``round-NNNN/client-<site>.safetensors``, global models under ``models/``.
-    ``arch`` / ``arch_kwargs``: the model's gleak arch spec, stored with the global models."""
+    ``arch`` / ``arch_kwargs``: the model's gleak arch spec, stored with the global models. ``defense``: the
+    privacy filters that run before this one on the task result, in order (NVFlare's ``PercentilePrivacy`` /
+    ``SVTPrivacy`` objects, or mappings with a ``name``), stamped as every capture's ``gleak.defense``.
+
+    Every argument is kept as an attribute of its own name, so NVFlare's Job API exports it into the job's config."""
 
     def __init__(self, out_dir: str = "gleak-captures", arch: str | None = None,
                  arch_kwargs: Mapping[str, Any] | None = None, learning_rate: float | None = None,
                  batch_size: int | None = None, optimizer: str | None = None, momentum: float | None = None,
                  weight_decay: float | None = None, input_shape: Sequence[int] | None = None,
                  mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                 save_global: bool = True, force: bool = False) -> None:
+                 save_global: bool = True, force: bool = False, defense: Sequence[Any] | None = None) -> None:
         super().__init__(supported_data_kinds=[DataKind.WEIGHTS, DataKind.WEIGHT_DIFF],
                          data_kinds_to_filter=[DataKind.WEIGHTS, DataKind.WEIGHT_DIFF])
+        # plain values under the parameters' names: the Job API serialises a component from these attributes
+        self.out_dir, self.arch = str(out_dir), arch
+        self.arch_kwargs = dict(arch_kwargs) if arch_kwargs is not None else None
+        self.input_shape = [int(n) for n in input_shape] if input_shape is not None else None
+        self.mean = [float(v) for v in mean] if mean is not None else None
+        self.std = [float(v) for v in std] if std is not None else None
+        self.save_global, self.force = save_global, force
+        self.defense = [defense_record(d) for d in defense] if defense else None
         self.recorder = CaptureRecorder(out_dir, arch=arch, arch_kwargs=arch_kwargs, save_global=save_global,
                                         input_shape=input_shape, mean=mean, std=std, force=force,
                                         producer="nvflare filter")
@@ -109,6 +212,13 @@ class GleakCaptureFilter(DXOFilter):
             batch_size=self.batch_size, optimizer=self.optimizer, momentum=self.momentum,
             weight_decay=self.weight_decay, extra={"nvflare.site": site, "nvflare.job_id": key[0],
                                                    "nvflare.data_kind": str(dxo.data_kind)})
+        if self.defense:
+            record.defense = []
+            for entry in self.defense:
+                applied, warning = _applied(entry, dxo, received)
+                record.defense.append(applied)
+                if warning:
+                    self._warn(fl_ctx, f"order:{entry.get('name')}", warning)
         if global_state is not None:
             self.recorder.write(global_state, local_state, record)
         else:
@@ -140,4 +250,4 @@ def forget_globals() -> None:
         _GLOBALS.clear()
 
 
-__all__ = ["GleakCaptureFilter", "forget_globals"]
+__all__ = ["GleakCaptureFilter", "defense_record", "forget_globals"]

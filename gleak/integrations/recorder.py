@@ -5,7 +5,8 @@ into two state dicts and a :class:`ClientRecord`; :class:`CaptureRecorder` does 
 
 * ``ROOT/round-0001/client-<id>.safetensors`` — the update Δθ = θ_local − θ_global (capture format v1, kind
   ``update``) with the metadata the framework gave (round, client, learning rate, local steps, batch size,
-  optimizer, the framework's example count) and the global model's sha256;
+  optimizer, the framework's example count), the global model's sha256 and, when the framework transformed the
+  update before it was captured (a DP mod, a privacy filter), what it did (``gleak.defense``);
 * ``…/client-<id>.truth.safetensors`` — the inputs and labels the client trained on, when the client app
   exposed them (Flower: :func:`gleak.integrations.flower.record_batch`);
 * ``ROOT/models/round-0001-<sha12>.safetensors`` — the round's global model, once per round, with the arch
@@ -59,6 +60,9 @@ class ClientRecord:
     extra: dict[str, str] = field(default_factory=dict)  # framework metadata kept verbatim (e.g. flower.*)
     inputs: torch.Tensor | None = None  # the examples the client trained on, model-ready (truth file)
     labels: torch.Tensor | None = None
+    # what transformed the update before it was captured (a framework's DP mod or privacy filter), in the order
+    # applied: stamped as the capture's gleak.defense, a JSON list of {name, options…}
+    defense: list[dict[str, Any]] | None = None
 
 
 def local_steps_from_epochs(epochs: float | None, examples: int | None, batch_size: int | None) -> int | None:
@@ -132,6 +136,8 @@ class CaptureRecorder:
                                 "gleak.producer": f"gleak {__version__} ({self.producer})"}
         if record.round is not None:
             meta["gleak.fl.round"] = int(record.round)
+        if record.defense:
+            meta["gleak.defense"] = [dict(d) for d in record.defense]
         truth = None
         inputs = record.inputs
         if record.labels is not None and inputs is not None:

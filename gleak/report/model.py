@@ -127,6 +127,8 @@ class CaptureReport(_Model):
     truth: FileRef | None = None
     round: int | None = Field(None, description="the federated round (gleak.fl.round), when recorded")
     client: str | None = Field(None, description="the client (gleak.fl.client_id), when recorded")
+    defense: list[dict[str, Any]] | None = Field(None, description="the defenses the capture records (gleak.defense, "
+                                                 "in the order applied), when any")
     kind: str | None = None
     batch_size: int | None = None
     local_steps: int | None = None

@@ -400,7 +400,12 @@ class RLU(Attack):
         if m == 1:
             z = _expand(simplex_least_squares(A, u), cand, C)
             counts = round_counts(z * B, B)
-            if o.gls_max_classes >= C:
+            defended = bool(ctx.capture.get("gleak.defense"))
+            if o.gls_max_classes >= C and defended:  # its weight equations assume an exact update
+                warnings.append("GLS refinement skipped: the capture records a defense (gleak.defense) whose noise or "
+                                "sparsity its weight equations do not model; the paper's least squares on the bias "
+                                "stand (bench/results/defenses.md)")
+            elif o.gls_max_classes >= C:
                 counts, diagnostics["gls_moves"] = self._refine(ctx, counts, u, rho, eta)
                 diagnostics["ls_counts"] = round_counts(z * B, B)
         else:

@@ -222,6 +222,12 @@ def _attack_context(attack: AttackEntry, out_dir: Path | None) -> dict[str, Any]
     }
 
 
+def _defense_text(record: dict[str, Any]) -> str:
+    """'clip (norm=4.0)' — one recorded defense, its options set."""
+    options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
+    return f"{record.get('name', '?')}" + (f" ({options})" if options else "")
+
+
 def _capture_context(index: int, capture: CaptureReport, out_dir: Path | None) -> dict[str, Any]:
     series, caption = chart_series(capture)
     setting = [
@@ -231,6 +237,7 @@ def _capture_context(index: int, capture: CaptureReport, out_dir: Path | None) -
         ("C (classes)", capture.num_classes),
         ("last layer", capture.last_layer),
         ("model mode", capture.model_mode),
+        ("defenses", " then ".join(_defense_text(d) for d in capture.defense) if capture.defense else None),
         ("seconds", f"{capture.seconds:.2f}"),
     ]
     refs = [_file_ref(label, ref) for label, ref in

@@ -18,6 +18,7 @@ from gleak.attacks.consistency import batch_size_conflicts
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
 from gleak.data import Dataset
+from gleak.defenses import recorded_defenses
 from gleak.errors import GleakError, shorten
 from gleak.io import companion_exists, file_sha256
 from gleak.metrics.labels import chance_scores, truth_counts
@@ -42,6 +43,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         report.capture.sha256 = file_sha256(path)
         capture = load_capture(path)
         report.round, report.client = capture.get("gleak.fl.round"), capture.get("gleak.fl.client_id")
+        report.defense = recorded_defenses(capture) or None
         model_path, loaded = models.match(capture)
         report.model = FileRef(path=str(model_path), sha256=loaded.weights_sha256 or None)
         truth_file = truth_path_for(path)
@@ -68,7 +70,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     started = time.perf_counter() if started is None else started
     label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
     report = report or CaptureReport(capture=FileRef(path=label), round=capture.get("gleak.fl.round"),
-                                     client=capture.get("gleak.fl.client_id"))
+                                     client=capture.get("gleak.fl.client_id"),
+                                     defense=recorded_defenses(capture) or None)
     path = report.capture.path
     notices: list[Notice] = []
     stages = report.stage_seconds = dict(report.stage_seconds or {})
