@@ -54,32 +54,45 @@ def figure(view: RunView, info: SeriesInfo) -> Figure:
     return fig
 
 
-def png_bytes(view: RunView, info: SeriesInfo) -> bytes:
+def figure_png(fig: Figure) -> bytes:
+    """A figure as PNG bytes (no software tag: the same figure gives the same bytes)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = figure(view, info)
     FigureCanvasAgg(fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue()
 
 
-def svg_markup(view: RunView, info: SeriesInfo) -> str:
-    """The plot as inline SVG markup (no XML prolog), with ``role="img"``, ``aria-label`` and a ``<title>``."""
+def figure_svg(fig: Figure, salt: str) -> str:
+    """A figure as a whole SVG document: text as text, no date, ids from ``salt`` (the same bytes each time)."""
     import matplotlib
     from matplotlib.backends.backend_svg import FigureCanvasSVG
 
-    fig = figure(view, info)
     FigureCanvasSVG(fig)
     buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "gleak", "svg.fonttype": "none"}):
+    with matplotlib.rc_context({"svg.hashsalt": salt, "svg.fonttype": "none"}):
         fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
-    text = buffer.getvalue()
-    start = text.index("<svg")
-    label = str(escape(info.title))
-    text = re.sub(r"<svg ", f'<svg role="img" aria-label="{label}" class="run-plot" ', text[start:], count=1)
-    head_end = text.index(">") + 1
+    return buffer.getvalue()
+
+
+def named_svg(svg: str, label: str, css_class: str) -> str:
+    """``svg`` with its accessible name: ``role="img"``, ``aria-label`` and a leading ``<title>`` (``label`` is
+    escaped here), and ``css_class`` on the root element."""
+    label = str(escape(label))
+    text = re.sub(r"<svg ", f'<svg role="img" aria-label="{label}" class="{css_class}" ', svg, count=1)
+    head_end = text.index(">", text.index("<svg")) + 1
     return text[:head_end] + f"<title>{label}</title>" + text[head_end:]
+
+
+def png_bytes(view: RunView, info: SeriesInfo) -> bytes:
+    return figure_png(figure(view, info))
+
+
+def svg_markup(view: RunView, info: SeriesInfo) -> str:
+    """The plot as inline SVG markup (no XML prolog), with ``role="img"``, ``aria-label`` and a ``<title>``."""
+    text = figure_svg(figure(view, info), "gleak")
+    return named_svg(text[text.index("<svg"):], info.title, "run-plot")
 
 
 def run_plots(view: RunView) -> dict[str, bytes]:

@@ -13,17 +13,15 @@ Output is deterministic (no dates, a fixed SVG id salt). matplotlib and rich are
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from markupsafe import escape
-
 from gleak.report.formats.markdown import md_escape
 from gleak.report.formats.text import fmt_number
 from gleak.report.model import SweepDefense, SweepMetric, SweepReport, SweepRow
+from gleak.report.plots import figure_png, figure_svg, named_svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -183,43 +181,26 @@ def _wrap(text: str, width: int = 110) -> str:
 
 def png_bytes(report: SweepReport, name: str) -> bytes:
     """The plot of defense ``name`` as PNG (no timestamp: the same report gives the same bytes)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = figure(report, name)
-    FigureCanvasAgg(fig)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    return buffer.getvalue()
+    return figure_png(figure(report, name))
 
 
 def _svg(report: SweepReport, name: str) -> str:
-    import matplotlib
-    from matplotlib.backends.backend_svg import FigureCanvasSVG
-
-    fig = figure(report, name)
-    FigureCanvasSVG(fig)
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": f"gleak-sweep-{name}", "svg.fonttype": "none"}):
-        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
-    return buffer.getvalue()
+    return figure_svg(figure(report, name), f"gleak-sweep-{name}")
 
 
 def _named(svg: str, label: str) -> str:
-    """``svg`` (from its ``<svg`` tag) with ``role="img"``, ``aria-label`` and a leading ``<title>``."""
-    text = re.sub(r"<svg ", f'<svg role="img" aria-label="{label}" class="sweep-plot" ', svg, count=1)
-    head_end = text.index(">", text.index("<svg")) + 1
-    return text[:head_end] + f"<title>{label}</title>" + text[head_end:]
+    return named_svg(svg, label, "sweep-plot")
 
 
 def svg_markup(report: SweepReport, name: str) -> str:
     """The plot as inline SVG markup (no XML prolog) with its accessible name."""
     text = _svg(report, name)
-    return _named(text[text.index("<svg"):], str(escape(plot_title(report, name))))
+    return _named(text[text.index("<svg"):], plot_title(report, name))
 
 
 def svg_document(report: SweepReport, name: str) -> str:
     """The plot as a standalone SVG file (XML prolog kept) with its accessible name."""
-    return _named(_svg(report, name), str(escape(plot_title(report, name))))
+    return _named(_svg(report, name), plot_title(report, name))
 
 
 # ----------------------------------------------------------------------------------------- tables
