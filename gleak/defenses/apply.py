@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,11 +82,14 @@ def contribution_distortion(clean: Capture, defended: Capture) -> dict[str, floa
     """Utility of a defended contribution against the clean one, over the parameter tensors: relative L2 error
     ‖d − c‖ / ‖c‖ and cosine similarity."""
     buffers = set(clean.buffers)
-    names = [n for n in clean.tensors if n not in buffers]
-    c = torch.cat([clean.tensors[n].detach().to(torch.float64).flatten() for n in names])
-    d = torch.cat([defended.tensors[n].detach().to(torch.float64).flatten() for n in names])
-    norm = float(c.norm())
-    rel = float((d - c).norm()) / norm if norm > 0 else float("nan")
-    denom = norm * float(d.norm())
-    cos = float(c @ d) / denom if denom > 0 else float("nan")
+    cc = dd = cd = diff = 0.0  # accumulated tensor by tensor: no concatenated copy of the contribution
+    for n in (n for n in clean.tensors if n not in buffers):
+        c = clean.tensors[n].detach().to(torch.float64).flatten()
+        d = defended.tensors[n].detach().to(torch.float64).flatten()
+        cc, dd, cd = cc + float(c @ c), dd + float(d @ d), cd + float(c @ d)
+        diff += float((d - c).pow(2).sum())
+    norm = math.sqrt(cc)
+    rel = math.sqrt(diff) / norm if norm > 0 else float("nan")
+    denom = norm * math.sqrt(dd)
+    cos = cd / denom if denom > 0 else float("nan")
     return {"relative_l2_error": rel, "cosine": cos}

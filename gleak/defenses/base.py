@@ -77,6 +77,11 @@ class Defense(Configurable):
         """The defended tensors (those selected; float64 maths, the input dtype back). Pure: inputs unchanged."""
         raise NotImplementedError
 
+    def per_tensor(self) -> bool:
+        """Whether each tensor is transformed on its own (then one tensor at a time is held in float64); False
+        for a defense over the whole contribution (a global norm or ranking)."""
+        return True
+
     def record(self, seed: int) -> dict[str, Any]:
         """What goes into ``gleak.defense``: the name, every option (defaults included) and the seed."""
         return {"name": self.name, **self.options.model_dump(mode="json"), "seed": seed}
@@ -97,9 +102,12 @@ def apply_to(defense: Defense, tensors: Mapping[str, torch.Tensor], generator: t
              ) -> dict[str, torch.Tensor]:
     """``tensors`` with ``defense`` applied to the selected ones (the others unchanged), in their own dtypes."""
     names = defense.selected(list(tensors))
-    picked = {n: tensors[n].detach().to(torch.float64) for n in names}
-    done = defense.transform(picked, generator)
     out = dict(tensors)
+    if defense.per_tensor():  # one tensor in float64 at a time: memory stays near the contribution's own size
+        for n in names:
+            out[n] = defense.transform({n: tensors[n].detach().to(torch.float64)}, generator)[n].to(tensors[n].dtype)
+        return out
+    done = defense.transform({n: tensors[n].detach().to(torch.float64) for n in names}, generator)
     for n in names:
         out[n] = done[n].to(tensors[n].dtype)
     return out

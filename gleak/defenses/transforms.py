@@ -72,6 +72,9 @@ class Clip(Defense):
     Options: ClassVar[type[DefenseOptions]] = ClipOptions
     options: ClipOptions
 
+    def per_tensor(self) -> bool:
+        return False
+
     def transform(self, tensors: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
         total = math.sqrt(sum(float(x.pow(2).sum()) for x in tensors.values()))
         factor = min(1.0, self.options.norm / total) if total > 0 else 1.0
@@ -94,6 +97,9 @@ class Topk(Defense):
     strength = "ratio"
     Options: ClassVar[type[DefenseOptions]] = TopkOptions
     options: TopkOptions
+
+    def per_tensor(self) -> bool:
+        return self.options.scope == "tensor"
 
     def transform(self, tensors: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
         if self.options.scope == "tensor":
