@@ -43,25 +43,32 @@ def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: tor
         if progress:
             progress(attack.name)
         result = run_attack(attack, ctx)
-        if truth_counts is not None and result.output is not None:
-            out = result.labels
-            result.scores = label_scores(out.counts, truth_counts)
-            if truth_soft is not None and out.soft_label is not None:
-                result.scores.update(soft_label_scores(out.soft_label, truth_soft))
+        _score(result, truth_counts, truth_soft)
         results.append(result)
     if confidence > 0:
-        _attach_confidence(ctx, attacks, results, confidence, confidence_cache, combine)
+        _attach_confidence(ctx, attacks, results, confidence, confidence_cache, combine, truth_counts, truth_soft)
     return results
 
 
+def _score(result: AttackResult, truth_counts: torch.Tensor | None, truth_soft: torch.Tensor | None) -> None:
+    """Score a result that has an output against the true counts (and the true soft label), when known."""
+    if truth_counts is not None and result.output is not None:
+        out = result.labels
+        result.scores = label_scores(out.counts, truth_counts)
+        if truth_soft is not None and out.soft_label is not None:
+            result.scores.update(soft_label_scores(out.soft_label, truth_soft))
+
+
 def _attach_confidence(ctx: Context, attacks: Sequence[Attack], results: list[AttackResult], simulations: int,
-                       cache: dict[Any, Any] | None, combine: bool = False) -> None:
+                       cache: dict[Any, Any] | None, combine: bool = False, truth_counts: torch.Tensor | None = None,
+                       truth_soft: torch.Tensor | None = None) -> None:
     from gleak.attacks.labels.confidence import calibrate
 
     ran = [a for a, r in zip(attacks, results, strict=True) if r.status == "ok" and r.output is not None]
     calibrated, why = calibrate(ctx, ran, simulations=simulations, seed=ctx.seed, cache=cache, stack=combine)
-    selector = _selector_result(ctx, [a for a in ran if a.name != "softlabel"], calibrated, why, simulations) \
-        if combine else None
+    counts = {r.attack: r.labels.counts for r in results if r.status == "ok" and r.output is not None}
+    candidates = [a for a in ran if a.name != "softlabel"]
+    selector = _selector_result(ctx, candidates, calibrated, why, simulations, counts) if combine else None
     for result in results:
         if result.status != "ok" or result.output is None:
             continue
@@ -79,18 +86,19 @@ def _attach_confidence(ctx: Context, attacks: Sequence[Attack], results: list[At
         if unfit:
             result.warnings.append(unfit)
     if selector is not None:
+        _score(selector, truth_counts, truth_soft)  # scored as every other result
         results.append(selector)
 
 
 def _selector_result(ctx: Context, candidates: list[Attack], calibrated: dict[str, Any], why: str | None,
-                     simulations: int) -> AttackResult:
+                     simulations: int, ran: dict[str, torch.Tensor]) -> AttackResult:
     """The calibrated selector's answer from the calibration just made (no second calibration); its
     ``confidence``: the chosen candidate's calibration (``chosen``: an attack or ``stacked``), or the abstention's."""
     from gleak.attacks.labels.calibrated import Calibrated
 
     if why or not candidates:
         return AttackResult("calibrated", "failed", reason=why or "no label attack ran on this capture")
-    result = run_attack(Calibrated.precalibrated(candidates, calibrated, simulations), ctx)
+    result = run_attack(Calibrated.precalibrated(candidates, calibrated, simulations, ran), ctx)
     if result.status == "ok" and result.output is not None:
         chosen = str(result.labels.diagnostics.get("chosen"))
         result.confidence = {"calibrated": True, "chosen": chosen,

@@ -149,6 +149,13 @@ class CaptureReport(_Model):
                                                    "context, labels, reconstruction")
 
 
+    def best_label(self) -> AttackEntry | None:
+        """The label attack with the highest iAcc against the truth (the first on a tie), or None when none was
+        scored — what GLEAK-LABELS, the run view and every format report as "the best label attack"."""
+        scored = [a for a in self.attacks if a.task == "labels" and a.scores and a.scores.get("iacc") is not None]
+        return max(scored, key=lambda a: float((a.scores or {})["iacc"] or 0.0), default=None)
+
+
 class Thresholds(_Model):
     """Where each severity starts. Defaults and their sources are documented in docs/audit.md ("Findings and
     thresholds"). Label thresholds are rates in [0, 1]; image thresholds are identification over chance, κ in

@@ -41,11 +41,10 @@ class Series:
 
 def _best_label_iacc(c: CaptureReport) -> Value | None:
     """With truth: the best label attack's iAcc, and the batch's chance iAcc."""
-    found = [float(v) for a in c.attacks if a.task == "labels" and a.scores
-             and (v := a.scores.get("iacc")) is not None]
-    if not found or c.chance is None:
+    best = c.best_label()
+    if best is None or c.chance is None:
         return None
-    return max(found), float(c.chance["iacc"])
+    return float((best.scores or {})["iacc"] or 0.0), float(c.chance["iacc"])
 
 
 def _expected_label_iacc(c: CaptureReport) -> Value | None:

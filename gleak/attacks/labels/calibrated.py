@@ -53,16 +53,27 @@ class Calibrated(Attack):
     options: CalibratedOptions
 
     given: tuple[list[Attack], dict[str, Confidence]] | None = None  # set by :meth:`precalibrated`
+    ran: dict[str, torch.Tensor] | None = None  # counts the candidates already gave on this capture
 
     @classmethod
     def precalibrated(cls, candidates: list[Attack], calibrated: dict[str, Confidence], simulations: int,
-                      ) -> Calibrated:
+                      ran: dict[str, torch.Tensor] | None = None) -> Calibrated:
         """A selector that answers from a calibration already made (the audit calibrates every label attack once,
-        with the stacked combination, and asks this for the answer) instead of calibrating again."""
+        with the stacked combination, and asks this for the answer) instead of calibrating again, and from the
+        candidates' counts on the capture in ``ran`` instead of running them again."""
         selector = cls()
         selector.configure({"simulations": max(simulations, 4)})
-        selector.given = (candidates, calibrated)
+        selector.given, selector.ran = (candidates, calibrated), ran
         return selector
+
+    def _counts(self, attack: Attack, ctx: Context) -> tuple[torch.Tensor | None, list[str], str | None]:
+        """(counts, warnings, why not) of one candidate on the capture: what it already gave, or a run now."""
+        if self.ran is not None and attack.name in self.ran:
+            return self.ran[attack.name], [], None
+        result = run_attack(attack, ctx)
+        if result.status != "ok":
+            return None, [], result.reason
+        return result.labels.counts, list(result.warnings), None
 
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput:
         simulations = self.options.simulations
@@ -91,11 +102,10 @@ class Calibrated(Attack):
         if conf.stack is not None:
             counts, warnings = self._stacked(ctx, candidates, conf.stack)
         else:
-            chosen = next(a for a in candidates if a.name == name)
-            result = run_attack(chosen, ctx)
-            if result.status != "ok":
-                raise GleakError(f"the chosen attack {name} did not finish: {result.reason}")
-            counts, warnings = result.labels.counts, list(result.warnings)
+            got, warnings, why = self._counts(next(a for a in candidates if a.name == name), ctx)
+            if got is None:
+                raise GleakError(f"the chosen attack {name} did not finish: {why}")
+            counts = got
         fit = conf.fit(counts)
         unfit = conf.fit_warning(counts)
         return LabelOutput(counts=counts, warnings=warnings + ([unfit] if unfit else []), diagnostics={
@@ -118,17 +128,16 @@ class Calibrated(Attack):
         return Abstained(reason, {"calibrated": True, "attack": name, **best.to_json(),
                                   "expected_iacc_by_attack": summary})
 
-    @staticmethod
-    def _stacked(ctx: Context, candidates: list[Attack], stack: Stack) -> tuple[torch.Tensor, list[str]]:
-        """The fitted combination applied to this capture: every combined attack run on it, then the ridge."""
+    def _stacked(self, ctx: Context, candidates: list[Attack], stack: Stack) -> tuple[torch.Tensor, list[str]]:
+        """The fitted combination applied to this capture: every combined attack's counts on it, then the ridge."""
         found: dict[str, torch.Tensor] = {}
         missing = []
         for attack in candidates:
             if attack.name not in stack.names:
                 continue
-            result = run_attack(attack, ctx)
-            if result.status == "ok":
-                found[attack.name] = result.labels.counts
+            got, _, _ = self._counts(attack, ctx)
+            if got is not None:
+                found[attack.name] = got
             else:
                 missing.append(attack.name)
         warnings = ([f"stacked: {', '.join(missing)} did not run on this capture; the prior stands in for them"]

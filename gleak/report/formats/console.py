@@ -338,8 +338,7 @@ def print_audit(console: Console, report: Report) -> None:
         if c.status == "error":
             table.add_row(escape(names[c.capture.path]), "[red]error[/]", escape(c.error or ""), "", "", "")
             continue
-        scored = [a for a in c.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
-        best = max(scored, key=lambda a: (a.scores or {}).get("iacc") or 0.0) if scored else None
+        best = c.best_label()
         label = iacc = "—"
         if best is not None and c.chance is not None:
             value = (best.scores or {}).get("iacc") or 0.0

@@ -157,7 +157,7 @@ def chart_series(capture: CaptureReport) -> tuple[list[tuple[str, list[int]]], s
     truth is known), else the first label attack that ran; empty when there is nothing to draw."""
     ran = [a for a in capture.attacks if a.task == "labels" and a.status == "ok" and a.counts is not None]
     if capture.truth_counts is not None and ran:
-        best = max(ran, key=lambda a: ((a.scores or {}).get("iacc") or 0.0))
+        best = capture.best_label() or ran[0]
         iacc = (best.scores or {}).get("iacc")
         caption = f"true counts beside {best.attack} (best iAcc, {format_score('iacc', iacc)})"
         return [("true", list(capture.truth_counts)), (best.attack, list(best.counts or []))], caption

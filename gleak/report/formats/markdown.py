@@ -52,10 +52,7 @@ def _num(value: float | None, digits: int = 3) -> str:
 def _best_label_attack(capture: CaptureReport) -> AttackEntry | None:
     """The label attack with the highest iAcc (when scored), else the first one that ran."""
     ran = [a for a in capture.attacks if a.task == "labels" and a.status == "ok"]
-    scored = [a for a in ran if a.scores and a.scores.get("iacc") is not None]
-    if scored:
-        return max(scored, key=lambda a: (a.scores or {}).get("iacc") or 0.0)
-    return ran[0] if ran else None
+    return capture.best_label() or (ran[0] if ran else None)
 
 
 def _images(capture: CaptureReport) -> str:

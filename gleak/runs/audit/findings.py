@@ -37,10 +37,10 @@ from gleak.report.model import AttackEntry, CaptureReport, Finding, Notice, Seve
 
 
 def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
-    scored = [(a, a.scores) for a in report.attacks if a.task == "labels" and a.scores and "iacc" in a.scores]
+    best = report.best_label()
     findings: list[Finding] = []
-    if scored and report.chance is not None:
-        best, best_scores = max(scored, key=lambda pair: pair[1]["iacc"] or 0.0)
+    if best is not None and report.chance is not None:
+        best_scores = best.scores or {}
         iacc = float(best_scores["iacc"] or 0.0)
         chance = float(report.chance["iacc"])
         margin = iacc - chance
@@ -60,7 +60,7 @@ def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
             title=f"{a.attack} recovers the example's soft label (L1 {s['soft_l1']:.1e})",
             measured=s["soft_l1"], metric="soft_l1", threshold=1e-3,
             detail="success criterion of Wang, Liang & He (ICLR 2024): L1 distance below 1e-3"))
-    if not scored:
+    if best is None:
         expected = expected_finding(report, th)
         if expected is not None:
             findings.append(expected)
