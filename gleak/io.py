@@ -88,6 +88,17 @@ def check_input_file(path: str | os.PathLike[str], what: str, max_bytes: int = M
     return p
 
 
+def read_json_input(path: str | os.PathLike[str], what: str) -> Any:
+    """The parsed JSON of an untrusted input file (at most :data:`MAX_JSON_BYTES`): a file that is missing, too
+    large, unreadable or not JSON is refused in one line, ``PATH: not a JSON WHAT (why)``."""
+    file = check_input_file(path, what, MAX_JSON_BYTES)
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else shorten(" ".join(str(e).split()), 100)
+        raise GleakError(f"{show(path)}: not a JSON {what} ({reason})") from None
+
+
 def check_input_dir(path: str | os.PathLike[str], what: str) -> Path:
     p = Path(path)
     try:

@@ -147,12 +147,19 @@ def resolve_options(owner: type[Configurable], given: Mapping[str, Any],
     try:
         return model.model_validate(dict(given))
     except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        loc = ".".join(str(p) for p in first["loc"] if not isinstance(p, int))
+        loc, msg, got = first_error(e, indices=False)
         key = loc.split(".")[0] if loc else ""
         label = where(key) if key else f"{owner.name} options"
-        shown = f", got {shorten(repr(first['input']), 40)}" if key and "input" in first else ""
-        raise GleakError(f"{label}: {shorten(first['msg'], 200)}{shown}") from None
+        raise GleakError(f"{label}: {msg}{got if key else ''}") from None
+
+
+def first_error(e: ValidationError, *, indices: bool = True, limit: int = 200) -> tuple[str, str, str]:
+    """The first of a pydantic error's messages, for one line: (its location, dotted — list indices left out unless
+    ``indices``; its message, shortened to ``limit``; ``", got INPUT"`` shortened, or "" when it has no input)."""
+    first = e.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in first["loc"] if indices or not isinstance(p, int))
+    got = f", got {shorten(repr(first['input']), 40)}" if "input" in first else ""
+    return loc, shorten(first["msg"], limit), got
 
 
 def describe_options(owner: type[Configurable]) -> list[dict[str, Any]]:

@@ -236,7 +236,7 @@ def test_failed_sweep_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.Monke
     def broken(*args: object) -> bytes:
         raise GleakError("the plot could not be drawn")
 
-    monkeypatch.setattr("gleak.report.sweep_plots.png_bytes", broken)  # fails after sweep.json is staged
+    monkeypatch.setattr("gleak.report.sweep_plots.figure", broken)  # fails after sweep.json is staged
     code, _, err = run(*BASE, "--trials", "1", "--defense", "gaussian=0.5", "-a", "ilrg", "-o", out)
     assert code == 2 and "could not be drawn" in err
     assert not (tmp_path / "new").exists()

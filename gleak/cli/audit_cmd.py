@@ -16,6 +16,7 @@ from gleak.cli.common import (
     AttackOptionsOpt,
     DeviceOpt,
     ForceOpt,
+    JobsOpt,
     LpipsOpt,
     MaxMemoryOpt,
     QuietOpt,
@@ -29,6 +30,7 @@ from gleak.cli.common import (
     gigabytes,
     handle_errors,
     number,
+    parse_jobs,
     print_json,
     requested_threads,
 )
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     from gleak.report.model import ExecutorName, Report
 
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
-MAX_JOBS = 256
 
 
 def parse_formats(text: str) -> list[str]:
@@ -92,13 +93,11 @@ def audit(
     lineup: Annotated[int, typer.Option("--lineup", callback=number(1, 99), help="Distractors beside each true "
                                         "image in the identification lineup of GLEAK-IMAGES (chance 1 / "
                                         "(K + 1)).")] = 9,
-    jobs: Annotated[str, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", help="Audit this many captures at "
-                                      "once, in worker processes; auto: in this process, then one worker per CPU "
-                                      "once the captures left would take over ~4.5 s (with --executor ray: Ray "
-                                      "workers; auto or 1: one per cluster CPU).")] = "auto",
+    jobs: JobsOpt = "auto",
     executor: Annotated[str, typer.Option("--executor", envvar="GLEAK_EXECUTOR", help="local (this machine's "
                                           "processes) or ray (a Ray cluster; the ray extra: pip install -e "
-                                          "'.[ray]' from a clone).")] = "local",
+                                          "'.[ray]' from a clone; --jobs then counts Ray workers, auto or 1: one "
+                                          "per cluster CPU).")] = "local",
     address: Annotated[str | None, typer.Option("--address", envvar="GLEAK_RAY_ADDRESS", help="Ray cluster "
                                                 "address (--executor ray; default: RAY_ADDRESS, else a local "
                                                 "Ray instance for this run).")] = None,
@@ -175,7 +174,7 @@ def audit(
         if "html" not in files:
             raise GleakError("--sweep puts a sweep into report.html: add html to --format (e.g. --format table,html "
                              "-o DIR)")
-        from gleak.runs.sweep import load_sweep
+        from gleak.report.sweep_io import load_sweep
 
         sweep_report = load_sweep(sweep)
     config = AuditConfig(budget=choose(budget, BUDGETS, "--budget"), fail_on=gate,
@@ -233,17 +232,6 @@ def audit(
 OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
                "lpips", "jobs", "executor", "address", "seed", "device", "model",
                "aux", "arch", "arch_kwargs", "threshold", "option")
-
-
-def parse_jobs(value: Any) -> int:
-    """``--jobs``: ``auto`` (0) or a whole number of workers from 1 to MAX_JOBS; else one line."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return 0
-    if not text.isdigit() or not 1 <= int(text) <= MAX_JOBS:
-        raise GleakError(f"--jobs must be auto or a whole number from 1 to {MAX_JOBS}, got "
-                         f"{shorten(str(value), 40)!r}")
-    return int(text)
 
 
 def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], dict[str, str]]:

@@ -107,6 +107,11 @@ AllowMismatchOpt = Annotated[bool, typer.Option(
     "--allow-model-mismatch", help="Attack even when the model's weights are not the ones the capture records "
     "(gleak.model.sha256); reports record it.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
+MAX_JOBS = 256
+JobsOpt = Annotated[str, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", help="Run this many at once (the audit's "
+                                      "captures, the sweep's trials), in worker processes; auto: in this process, "
+                                      "then one worker per CPU once the work left would take longer than starting "
+                                      "the workers costs.")]
 AttackOptionsOpt = Annotated[list[str] | None, typer.Option(
     "--option", "-O", metavar="ATTACK.KEY=VALUE",
     help="Set an attack's option (repeatable), e.g. -O rlu.mc_samples=500; `gleak attacks` lists them. A key that a "
@@ -450,3 +455,14 @@ def resolve_device(device: str) -> torch.device:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def parse_jobs(value: Any) -> int:
+    """``--jobs``: ``auto`` (0) or a whole number of workers from 1 to MAX_JOBS; else one line."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= MAX_JOBS:
+        raise GleakError(f"--jobs must be auto or a whole number from 1 to {MAX_JOBS}, got "
+                         f"{shorten(str(value), 40)!r}")
+    return int(text)

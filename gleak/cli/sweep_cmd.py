@@ -1,7 +1,7 @@
 """`gleak sweep`: leakage against defense strength, over simulated clients; sweep.json, sweep.md and plots in -o DIR.
 
 Parses the options, calls :func:`gleak.runs.sweep.run_sweep`, writes its report with
-:func:`gleak.runs.sweep.write_sweep` and prints a summary."""
+:func:`gleak.report.sweep_io.write_sweep` and prints a summary."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gleak.cli.common import (
     AttackOptionsOpt,
     DeviceOpt,
     ForceOpt,
+    JobsOpt,
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
@@ -28,6 +29,7 @@ from gleak.cli.common import (
     err_console,
     handle_errors,
     number,
+    parse_jobs,
 )
 
 if TYPE_CHECKING:
@@ -72,9 +74,7 @@ def sweep(
     confidence: Annotated[int, typer.Option("--confidence", help="Batches simulated from --aux to calibrate the "
                                             "calibrated selector.", callback=number(4, 1000))] = 24,
     option: AttackOptionsOpt = None,
-    jobs: Annotated[str, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", help="Run this many trials at once, in "
-                                      "worker processes; auto: in this process, then one worker per CPU once the "
-                                      "trials left would take over ~4.5 s.")] = "auto",
+    jobs: JobsOpt = "auto",
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     force: ForceOpt = False,
@@ -84,9 +84,9 @@ def sweep(
     """Measure leakage against defense strength: simulate clients on real data, apply each defense at each strength
     (and none), attack, score against the truth; a table, plots and sweep.json."""
     from gleak.attacks.registry import parse_option_assignments
-    from gleak.cli.audit_cmd import parse_jobs
+    from gleak.report.sweep_io import MARKDOWN_FILE, REPORT_FILE, write_sweep
     from gleak.runs.inputs import ModelSpec
-    from gleak.runs.sweep import MARKDOWN_FILE, REPORT_FILE, SweepRequest, write_sweep
+    from gleak.runs.sweep import SweepRequest
 
     request = SweepRequest(
         model=ModelSpec(model, arch, arch_kwargs, trust_pickle), data=data, defenses=tuple(defense),

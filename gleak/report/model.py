@@ -548,6 +548,9 @@ class SweepUtility(_Model):
     cosine: Finite = Field(description="cosine similarity of the defended and the clean contribution")
 
 
+BASELINE = "none"  # a sweep's undefended rows: their defense and their strength
+
+
 class SweepDefense(_Model):
     """One ``--defense`` of a sweep: the defense, the options it keeps fixed and the strengths it is run at."""
 

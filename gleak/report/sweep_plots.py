@@ -20,15 +20,14 @@ from typing import TYPE_CHECKING
 
 from gleak.report.formats.markdown import md_escape
 from gleak.report.formats.text import fmt_number
-from gleak.report.model import SweepDefense, SweepMetric, SweepReport, SweepRow
-from gleak.report.plots import figure_png, figure_svg, named_svg
+from gleak.report.model import BASELINE, SweepDefense, SweepMetric, SweepReport, SweepRow
+from gleak.report.plots import figure_svg, named_svg
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from rich.console import Console
 
-BASELINE = "none"
 METRIC_ORDER: tuple[SweepMetric, ...] = ("iacc", "identification_kappa", "psnr")
 METRIC_LABELS: dict[str, str] = {"iacc": "label iAcc", "identification_kappa": "identification over chance κ",
                                  "psnr": "PSNR (dB)"}
@@ -158,6 +157,8 @@ def figure(report: SweepReport, name: str) -> Figure:
     scale = ", symlog scale" if symlog else (", log scale" if log else "")
     axes[-1].set_xlabel(f"{_strength_label(defense)} ({name}{scale}; {trials} trial(s) per point)")
     fig.suptitle(_wrap(plot_title(report, name)), fontsize=9)
+    fig.draw_without_rendering()  # the constrained layout, computed once and kept: a second save (the PNG then
+    fig.set_layout_engine("none")  # the SVG of one figure) would start from the first's layout and shift it
     return fig
 
 
@@ -179,28 +180,17 @@ def _wrap(text: str, width: int = 110) -> str:
     return "\n".join([*lines, line])
 
 
-def png_bytes(report: SweepReport, name: str) -> bytes:
-    """The plot of defense ``name`` as PNG (no timestamp: the same report gives the same bytes)."""
-    return figure_png(figure(report, name))
-
-
-def _svg(report: SweepReport, name: str) -> str:
-    return figure_svg(figure(report, name), f"gleak-sweep-{name}")
-
-
-def _named(svg: str, label: str) -> str:
-    return named_svg(svg, label, "sweep-plot")
+def svg_document(report: SweepReport, name: str, fig: Figure | None = None) -> str:
+    """The plot as a standalone SVG file (XML prolog kept) with its accessible name; ``fig``: the plot, when
+    already drawn (:func:`figure`), else it is drawn here."""
+    svg = figure_svg(fig if fig is not None else figure(report, name), f"gleak-sweep-{name}")
+    return named_svg(svg, plot_title(report, name), "sweep-plot")
 
 
 def svg_markup(report: SweepReport, name: str) -> str:
     """The plot as inline SVG markup (no XML prolog) with its accessible name."""
-    text = _svg(report, name)
-    return _named(text[text.index("<svg"):], plot_title(report, name))
-
-
-def svg_document(report: SweepReport, name: str) -> str:
-    """The plot as a standalone SVG file (XML prolog kept) with its accessible name."""
-    return _named(_svg(report, name), plot_title(report, name))
+    text = svg_document(report, name)
+    return text[text.index("<svg"):]
 
 
 # ----------------------------------------------------------------------------------------- tables

@@ -14,11 +14,11 @@ import torch
 
 from gleak.attacks import Context, build_context
 from gleak.capture import Truth, load_capture, load_truth, truth_path_for
-from gleak.data import load_dataset
+from gleak.data import Dataset, load_dataset
 from gleak.errors import TRUTH_CONTRADICTION, GleakError
 from gleak.io import companion_exists
 from gleak.losses import LossSpec
-from gleak.models import load_model
+from gleak.models import LoadedModel, load_model
 from gleak.report.model import ModelCheck, ModelMode
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -154,3 +154,12 @@ def model_mode_of(ctx: Context) -> ModelMode | None:
     """The mode the attacks run the model in, as reports record it (None without a model)."""
     mode = ctx.model_mode()
     return ModelMode.model_validate(mode) if mode is not None else None
+
+
+def check_model_fits_data(loaded: LoadedModel, data: Dataset) -> None:
+    """A zoo model records the input shape it takes: data of another shape is one line, before any work (weight
+    files of torchvision or a user's architecture are checked by running them)."""
+    from_zoo = loaded.arch is not None and not loaded.arch.startswith("torchvision:")
+    if from_zoo and loaded.input_shape and tuple(loaded.input_shape) != data.input_shape:
+        raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "
+                         f"{list(data.input_shape)}")

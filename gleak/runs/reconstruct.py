@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,13 +85,28 @@ class Reconstruction:
         return self.result.status == "ok" and not self.diverged
 
 
+FEATURE_ATTACKS = ("feature", "fcn")  # the attacks handed the single example's last-layer input
+
+
+def wants_feature(name: str) -> bool:
+    """Whether reconstruction attack ``name`` is handed the feature (:func:`prepare`'s ``want_feature``)."""
+    return name in FEATURE_ATTACKS
+
+
 def reconstruct(ctx: Context, attack: ReconstructionAttack, labels: str, truth: Truth | None,
                 generator: GeneratorFile | None = None, progress: Progress | None = None,
-                lpips: str = "alex") -> Reconstruction:
+                lpips: str = "alex", prepared: ReconInputs | None = None) -> Reconstruction:
     """Prepare ``attack``'s targets from ``labels`` (``auto``, ``truth`` or a labels report; a GleakError when
     there are none), run it (never raises: a failure is the result's status), and score what it made against
-    ``truth`` when given."""
-    prepared = prepare(ctx, labels, truth, want_feature=attack.name in ("feature", "fcn"))
+    ``truth`` when given. ``prepared``: targets already prepared on ``ctx`` (:func:`prepare`, with
+    ``want_feature`` when any attack they are for :func:`wants_feature`), used instead of preparing again — the
+    sweep prepares once per point for all its attacks; ``labels`` is then unused. An attack that does not want the
+    feature is not handed one."""
+    want = wants_feature(attack.name)
+    if prepared is None:
+        prepared = prepare(ctx, labels, truth, want_feature=want)
+    elif not want and prepared.feature is not None:
+        prepared = replace(prepared, feature=None, feature_source=None)
     result = run_attack(attack, ctx, prepared.run_inputs(progress, generator))
     out = Reconstruction(result, prepared)
     if result.status != "ok" or not isinstance(result.output, ImageOutput):

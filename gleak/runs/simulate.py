@@ -11,7 +11,7 @@ from gleak.data import load_dataset
 from gleak.errors import GleakError
 from gleak.io import OutputSet, check_writable
 from gleak.models import load_model
-from gleak.runs.inputs import ModelSpec, resolve_device
+from gleak.runs.inputs import ModelSpec, check_model_fits_data, resolve_device
 from gleak.simulate import ClientConfig, simulate_client
 
 
@@ -53,10 +53,7 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
         raise GleakError("simulate needs the global model (--model)")
     loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle)
     dataset = load_dataset(request.data)
-    from_zoo = loaded.arch is not None and not loaded.arch.startswith("torchvision:")
-    if from_zoo and loaded.input_shape and tuple(loaded.input_shape) != dataset.input_shape:
-        raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "
-                         f"{list(dataset.input_shape)}")
+    check_model_fits_data(loaded, dataset)
     capture, truth = simulate_client(loaded.module, dataset, request.config, resolve_device(request.device))
     output = request.output
     with OutputSet(output.parent, request.force) as out:

@@ -17,7 +17,6 @@ Defense specs (``--defense``) are ``NAME[:KEY=VALUE,...][=V1,V2,...]``: see :fun
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -35,14 +34,20 @@ from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.attacks.registry import attack_class, resolve_assignments
 from gleak.capture import Capture, Truth
 from gleak.data import Dataset, load_dataset
-from gleak.defenses import DEFENSES, Defense, apply_defenses, contribution_distortion, split_spec
+from gleak.defenses import (
+    DEFENSES,
+    Defense,
+    apply_defenses,
+    build_defense,
+    contribution_distortion,
+    split_spec,
+)
 from gleak.errors import GleakError, shorten
-from gleak.io import MAX_JSON_BYTES, OutputSet, check_input_file, show
 from gleak.metrics.identification import DEFAULT_DISTRACTORS
-from gleak.metrics.labels import chance_scores, label_scores, truth_counts
+from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel, load_model
-from gleak.registry import resolve_options
 from gleak.report.model import (
+    BASELINE,
     SweepDefense,
     SweepMetric,
     SweepReport,
@@ -50,10 +55,11 @@ from gleak.report.model import (
     SweepSettings,
     SweepUtility,
 )
-from gleak.runs.inputs import ModelSpec, default_max_memory, resolve_device, soft_truth
+from gleak.runs.inputs import ModelSpec, check_model_fits_data, default_max_memory, resolve_device, soft_truth
 from gleak.simulate import ClientConfig, simulate_client
 
 if TYPE_CHECKING:
+    from gleak.attacks.reconstruct.inputs import ReconInputs
     from gleak.generator.file import GeneratorFile
 
 FLAG = "--defense"
@@ -63,9 +69,6 @@ DEFAULT_TRIALS = 5
 DEFAULT_ITERATIONS = 200  # the reconstruction attacks' bound: a sweep runs them many times
 DEFAULT_CONFIDENCE = 24  # batches simulated from aux to calibrate the calibrated selector (its own default)
 PSNR_CAP = 100.0  # dB recorded for an exact reconstruction (infinite PSNR: JSON has no infinity)
-BASELINE = "none"
-REPORT_FILE = "sweep.json"
-MARKDOWN_FILE = "sweep.md"
 CALIBRATED = "calibrated"
 CALIBRATED_SKIPPED = ("calibrated skipped: it calibrates the label attacks on batches simulated from auxiliary data; "
                       "give --aux to run it")
@@ -104,18 +107,23 @@ def split_sweep(text: str) -> tuple[str, list[str] | None]:
 @dataclass(frozen=True)
 class DefenseSweep:
     """One ``--defense`` of a sweep: the defense, the options kept fixed, and its points — (strength, the configured
-    defense) for each value, or one point at the configured options when no values are given."""
+    defense) for each value, or one point at the configured options when no values are given (``swept`` False)."""
 
     text: str
     name: str
     strength: str | None
     fixed: Mapping[str, str]
-    values: tuple[float, ...]
+    swept: bool
     points: tuple[tuple[float | None, Defense], ...]
 
     @property
     def training(self) -> bool:
         return bool(self.points[0][1].training)
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        """The strengths run, in the order given (empty: one point at the configured options)."""
+        return tuple(v for v, _ in self.points if v is not None) if self.swept else ()
 
 
 def parse_sweep(text: str) -> DefenseSweep:
@@ -131,11 +139,13 @@ def parse_sweep(text: str) -> DefenseSweep:
         raise GleakError(f"{e}; a sweep's strengths follow the whole spec: {SPEC_SYNTAX}") from None
     cls = DEFENSES.lookup(name, where=f"{FLAG}: ")
     strength = cls.strength
-    sources = {k: f"{FLAG} {cls.name}:{k}" for k in fixed}
+
+    def value_of(defense: Defense) -> float | None:
+        return float(getattr(defense.options, strength)) if strength else None
+
     if tokens is None:
-        options = resolve_options(cls, fixed, sources, FLAG)
-        value = float(getattr(options, strength)) if strength else None
-        return DefenseSweep(text, cls.name, strength, dict(fixed), (), ((value, cls(options)),))  # type: ignore[arg-type]
+        defense = build_defense(cls, fixed, FLAG)
+        return DefenseSweep(text, cls.name, strength, dict(fixed), False, ((value_of(defense), defense),))
     if strength is None:
         varied = ", ".join(sorted(c.name for c in DEFENSES.values() if c.strength))
         raise GleakError(f"{FLAG} {shorten(text, 60)}: {cls.name} has no strength option to sweep; give --defense "
@@ -143,6 +153,7 @@ def parse_sweep(text: str) -> DefenseSweep:
     if strength in fixed:
         raise GleakError(f"{FLAG} {shorten(text, 60)}: {strength} is the strength the sweep varies; give its values "
                          f"after '=' only, not also as {strength}={fixed[strength]}")
+    sources = {k: f"{FLAG} {cls.name}:{k}" for k in fixed}
     points: list[tuple[float | None, Defense]] = []
     values: list[float] = []
     for token in tokens:
@@ -151,11 +162,11 @@ def parse_sweep(text: str) -> DefenseSweep:
             raise GleakError(f"{FLAG} {cls.name}: strengths must be finite numbers, got {shorten(token, 20)!r}")
         if value in values:
             raise GleakError(f"{FLAG} {cls.name}: the strength {token} is given twice")
-        where = {**sources, strength: f"{FLAG} {cls.name} {strength}={token}"}
-        options = resolve_options(cls, {**fixed, strength: value}, where, FLAG)
+        defense = build_defense(cls, {**fixed, strength: value}, FLAG,
+                                {**sources, strength: f"{FLAG} {cls.name} {strength}={token}"})
         values.append(value)
-        points.append((float(getattr(options, strength)), cls(options)))  # type: ignore[arg-type]
-    return DefenseSweep(text, cls.name, strength, dict(fixed), tuple(values), tuple(points))
+        points.append((value_of(defense), defense))
+    return DefenseSweep(text, cls.name, strength, dict(fixed), True, tuple(points))
 
 
 # ----------------------------------------------------------------------------------------- attacks
@@ -307,8 +318,8 @@ class _Setup:
     request: SweepRequest
     sweeps: list[DefenseSweep]
     plan: AttackPlan
-    loaded: LoadedModel
-    data: Dataset
+    loaded: LoadedModel | None  # None once released (:meth:`release`)
+    data: Dataset | None
     aux: Dataset | None
     generator: GeneratorFile | None
     device: torch.device
@@ -323,10 +334,7 @@ class _Setup:
         assert m.path is not None  # checked
         loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle)
         data = load_dataset(request.data)
-        from_zoo = loaded.arch is not None and not loaded.arch.startswith("torchvision:")
-        if from_zoo and loaded.input_shape and tuple(loaded.input_shape) != data.input_shape:
-            raise GleakError(f"the model expects inputs {list(loaded.input_shape)}, the data has "
-                             f"{list(data.input_shape)}")
+        check_model_fits_data(loaded, data)
         aux = load_dataset(request.aux) if request.aux is not None else None
         device = resolve_device(request.device)
         generator = None
@@ -336,6 +344,19 @@ class _Setup:
             generator = load_generator(request.generator, device)
         return cls(request, sweeps, plan, loaded, data, aux, generator, device, default_max_memory())
 
+    def held(self) -> tuple[LoadedModel, Dataset]:
+        """The model and the client's data (a RuntimeError once :meth:`release` dropped them)."""
+        if self.loaded is None or self.data is None:
+            raise RuntimeError("the sweep's inputs were released: its trials run in worker processes")
+        return self.loaded, self.data
+
+    def release(self) -> None:
+        """Drop the loaded inputs and caches before worker processes load their own: what is left (the request,
+        the specs and the plan) is what the rows need."""
+        self.loaded = self.data = self.aux = self.generator = None
+        self.forward_cache.clear()
+        self.calibration_cache.clear()
+
     @property
     def points(self) -> list[Point]:
         return [BASE_POINT] + [(i, j) for i, s in enumerate(self.sweeps) for j in range(len(s.points))]
@@ -343,7 +364,7 @@ class _Setup:
     def metric(self, attack: str) -> SweepMetric:
         if attack not in self.plan.reconstruct:
             return "iacc"
-        return "identification_kappa" if self.aux is not None else "psnr"
+        return "identification_kappa" if self.request.aux is not None else "psnr"
 
     def describe(self, point: Point) -> str:
         if point == BASE_POINT:
@@ -358,7 +379,8 @@ def run_trial(setup: _Setup, trial: int, tick: Callable[[str], None] | None = No
     request = setup.request
     seed = request.trial_seed(trial)
     config = request.client(trial)
-    clean, truth = simulate_client(setup.loaded.module, setup.data, config, setup.device)
+    loaded, data = setup.held()
+    clean, truth = simulate_client(loaded.module, data, config, setup.device)
     out: Trial = {BASE_POINT: _score(setup, clean, truth, seed, {"relative_l2_error": 0.0, "cosine": 1.0})}
     if tick:
         tick(setup.describe(BASE_POINT))
@@ -366,7 +388,7 @@ def run_trial(setup: _Setup, trial: int, tick: Callable[[str], None] | None = No
         for j, (_, defense) in enumerate(sweep.points):
             epsilon = None
             if defense.training:  # the same batch, trained with the defense
-                defended, dp_truth = simulate_client(setup.loaded.module, setup.data,
+                defended, dp_truth = simulate_client(loaded.module, data,
                                                      replace(config, defenses=(defense,)), setup.device)
                 if not torch.equal(dp_truth.labels, truth.labels):
                     raise RuntimeError("the defended client drew another batch than the undefended one")
@@ -384,7 +406,7 @@ def _score(setup: _Setup, capture: Capture, truth: Truth, seed: int, utility: di
            epsilon: float | None = None) -> PointResult:
     """Attack one (defended) contribution and score every attack of the plan against the truth."""
     request, plan = setup.request, setup.plan
-    ctx = build_context(capture, setup.loaded, None, setup.device, request.seed, max_memory=setup.max_memory)
+    ctx = build_context(capture, setup.held()[0], None, setup.device, request.seed, max_memory=setup.max_memory)
     if setup.aux is not None:
         ctx = ctx.with_aux(setup.aux, setup.forward_cache)
     counts = truth_counts(truth.labels, ctx.num_classes)
@@ -400,24 +422,28 @@ def _score(setup: _Setup, capture: Capture, truth: Truth, seed: int, utility: di
         for name in plan.rows:
             r = ran.get(name)
             result.chance[name] = chance_iacc
-            if r is not None and r.status == "ok" and r.output is not None:
-                result.scores[name] = label_scores(r.labels.counts, counts)["iacc"]
+            if r is not None and r.status == "ok" and r.scores is not None:  # scored by run_label_attacks
+                result.scores[name] = r.scores["iacc"]
             else:
                 result.scores[name] = None
                 result.reasons[name] = "did not run" if r is None else f"{r.status}: {r.reason or r.status}"
+    prepared: list[ReconInputs | GleakError] = []  # the targets, prepared once for every reconstruction attack
     for name in plan.reconstruct:
-        score, chance, why = _reconstruct(setup, ctx, truth, name, seed)
-        result.scores[name], result.chance[name] = score, chance
+        score, chance, why = _reconstruct(setup, ctx, truth, name, seed, prepared)
+        # κ's chance is 0 by definition, whether the attack ran or not; PSNR's is the trial's no-attack baseline
+        result.scores[name], result.chance[name] = score, 0.0 if setup.aux is not None else chance
         if why is not None:
             result.reasons[name] = why
     return result
 
 
-def _reconstruct(setup: _Setup, ctx: Context, truth: Truth, name: str,
-                 seed: int) -> tuple[float | None, float | None, str | None]:
+def _reconstruct(setup: _Setup, ctx: Context, truth: Truth, name: str, seed: int,
+                 prepared: list[ReconInputs | GleakError]) -> tuple[float | None, float | None, str | None]:
     """(score, chance, why no score) of reconstruction ``name`` on ``ctx``: identification over chance κ of its
-    lineup with aux data (chance 0), else the mean PSNR (chance: the no-attack baseline's PSNR)."""
-    from gleak.runs.reconstruct import reconstruct
+    lineup with aux data (chance 0), else the mean PSNR (chance: the no-attack baseline's PSNR). ``prepared``
+    holds the point's targets (or why there are none) once the first applicable attack has prepared them."""
+    from gleak.attacks.reconstruct.inputs import prepare
+    from gleak.runs.reconstruct import reconstruct, wants_feature
     from gleak.runs.scoring import identification_of
 
     attack = get_attack(name, "reconstruct")
@@ -426,8 +452,15 @@ def _reconstruct(setup: _Setup, ctx: Context, truth: Truth, name: str,
     reason = attack.not_applicable(ctx, RunInputs(generator=setup.generator))
     if reason:
         return None, 0.0 if setup.aux is not None else None, f"not_applicable: {reason}"
+    if not prepared:
+        try:
+            prepared.append(prepare(ctx, "auto", truth, want_feature=any(map(wants_feature, setup.plan.reconstruct))))
+        except GleakError as e:
+            prepared.append(e)
+    if isinstance(prepared[0], GleakError):
+        return None, None, f"failed: {prepared[0]}"
     try:
-        done = reconstruct(ctx, attack, "auto", truth, setup.generator, lpips="off")
+        done = reconstruct(ctx, attack, "auto", truth, setup.generator, lpips="off", prepared=prepared[0])
     except GleakError as e:
         return None, None, f"failed: {e}"
     if not done.ok or done.scored is None or done.images is None or done.truth_pixels is None:
@@ -455,31 +488,27 @@ def _worker_trial(trial: int) -> Trial:
     return run_trial(_WORKER["setup"], trial)
 
 
+AUTO_WARM_UP = 2  # trials run here before the pace is trusted: a trial is long (every point attacked), so the
+# second one already measures the pace (the first pays for warming up), and fewer trials are left to wait for
+
+
 def _pool(request: SweepRequest, trials: Sequence[int], workers: int) -> Iterator[tuple[int, Trial]]:
-    """``trials`` run by ``workers`` spawned processes (each loads the inputs once); yields (trial, result) as they
-    finish. An error in any trial stops the rest."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+    """``trials`` run by ``workers`` spawned processes (each loads the inputs once and gets its share of this
+    process's threads); yields (trial, result) as they finish. An error in any trial stops the rest."""
+    from gleak.runs.audit.executors.local import pool
 
     threads = max(1, torch.get_num_threads() // workers)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(request, threads))
-    try:
-        pending: dict[Future[Trial], int] = {pool.submit(_worker_trial, t): t for t in trials}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                t = pending.pop(future)
-                yield t, future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    for i, trial in pool(trials, _worker_init, (request, threads), _worker_trial, workers):
+        yield trials[i], trial
 
 
 def _run_trials(setup: _Setup, jobs: int, progress: Progress | None) -> tuple[list[Trial], int]:
     """Every trial's points, in trial order, and the number of processes that ran them: here (``jobs`` 1), in
-    ``jobs`` workers, or (``jobs`` 0, auto) here until the trials left would take longer than starting workers
-    costs (:data:`gleak.runs.audit.executors.local.AUTO_BREAK_EVEN_SECONDS`), then one worker per CPU."""
-    from gleak.runs.audit.executors.local import AUTO_BREAK_EVEN_SECONDS, available_cpus
+    ``jobs`` workers, or (``jobs`` 0, auto) here until a pool pays for the trials left
+    (:func:`gleak.runs.audit.executors.local.pool_pays`, after :data:`AUTO_WARM_UP` trials), then one worker per
+    CPU (at most one per trial left). Before a pool starts, this process drops its loaded inputs
+    (:meth:`_Setup.release`)."""
+    from gleak.runs.audit.executors import local
 
     count = setup.request.trials
     per_trial = len(setup.points)
@@ -497,25 +526,29 @@ def _run_trials(setup: _Setup, jobs: int, progress: Progress | None) -> tuple[li
         return lambda what: tick(f"trial {t + 1}/{count}: {what}")
 
     workers = 1
-    if jobs != 1 and count > 1 and (jobs > 1 or available_cpus() > 1):
+    if jobs != 1 and count > 1 and (jobs > 1 or local.available_cpus() > 1):
         if jobs > 1:
             workers = min(jobs, count)
             todo = list(range(count))
-        else:  # auto: measure here first; the first trial pays for warming up (imports, calibration, caches)
+        else:  # auto: measure here first
             todo = []
+            seconds: list[float] = []
             for t in range(count):
                 started = time.perf_counter()
                 results[t] = run_trial(setup, t, ticker(t))
+                seconds.append(time.perf_counter() - started)
                 left = count - t - 1
-                if t >= 1 and left >= 2 and (time.perf_counter() - started) * left > AUTO_BREAK_EVEN_SECONDS:
+                if local.pool_pays(seconds, left, min(local.available_cpus(), left), AUTO_WARM_UP):
                     todo = list(range(t + 1, count))
-                    workers = min(available_cpus(), left)
+                    workers = min(local.available_cpus(), left)
                     break
-        for t, trial in (_pool(setup.request, todo, workers) if todo else iter(())):
-            results[t] = trial
-            done += per_trial
-            if progress:
-                progress(done, total, f"trial {t + 1}/{count} done ({workers} workers)")
+        if todo:
+            setup.release()
+            for t, trial in _pool(setup.request, todo, workers):
+                results[t] = trial
+                done += per_trial
+                if progress:
+                    progress(done, total, f"trial {t + 1}/{count} done ({workers} workers)")
     for t in range(count):
         if t not in results:
             results[t] = run_trial(setup, t, ticker(t))
@@ -570,8 +603,11 @@ def _rows(setup: _Setup, trials: list[Trial]) -> list[SweepRow]:
         else:
             sweep = setup.sweeps[point[0]]
             defense, strength = sweep.name, sweep.points[point[1]][0]
-        utility = SweepUtility(**{k: _round(statistics.fmean(r.utility[k] for r in results))
-                                  for k in ("relative_l2_error", "cosine")})
+        means = {k: statistics.fmean(r.utility[k] for r in results) for k in ("relative_l2_error", "cosine")}
+        if not all(math.isfinite(v) for v in means.values()):
+            raise GleakError("the simulated contribution is all zeros in a trial, so a defense's utility (its change "
+                             "relative to the contribution) cannot be measured; check the model and data")
+        utility = SweepUtility(**{k: _round(v) for k, v in means.items()})
         epsilons = [r.epsilon for r in results if r.epsilon is not None]
         epsilon = _mean(epsilons)
         for attack in attacks:
@@ -586,53 +622,3 @@ def _rows(setup: _Setup, trials: list[Trial]) -> list[SweepRow]:
                 reason=shorten(" ".join(reason.split()), 300) if reason else None,
                 chance=_mean(chances), utility=utility, epsilon=epsilon))
     return rows
-
-
-# ----------------------------------------------------------------------------------------- files
-def write_sweep(report: SweepReport, folder: Path, force: bool = False) -> list[Path]:
-    """``sweep.json``, ``sweep.md`` and each defense's plot (PNG and SVG) in ``folder``: all of them or, on any
-    failure, none (a folder this call created is removed again)."""
-    from gleak.report.sweep_plots import markdown, png_bytes, svg_document
-
-    with OutputSet(folder, force) as out:
-        out.write_bytes(REPORT_FILE, (json.dumps(report.to_json(), indent=2) + "\n").encode("utf-8"))
-        for defense in report.defenses:
-            out.write_bytes(f"{defense.plot}.png", png_bytes(report, defense.name))
-            out.write_bytes(f"{defense.plot}.svg", svg_document(report, defense.name).encode("utf-8"))
-        out.write_bytes(MARKDOWN_FILE, markdown(report).encode("utf-8"))
-        return out.commit()
-
-
-def load_sweep(path: Path) -> SweepReport:
-    """A sweep's ``sweep.json`` (``path`` is the sweep's folder or the file), validated against
-    :class:`~gleak.report.model.SweepReport`: an untrusted file, refused in one line when it is not one."""
-    from pydantic import ValidationError
-
-    try:
-        file = path / REPORT_FILE if path.is_dir() else path
-    except OSError as exc:
-        raise GleakError(f"cannot read {show(path)}: {exc.strerror or type(exc).__name__}") from None
-    check_input_file(file, "sweep report", MAX_JSON_BYTES)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        reason = "nested too deeply" if isinstance(e, RecursionError) else shorten(" ".join(str(e).split()), 100)
-        raise GleakError(f"{show(file)}: not a JSON sweep report ({reason})") from None
-    if not isinstance(data, dict) or data.get("report") != "sweep":
-        got = data.get("report") if isinstance(data, dict) else type(data).__name__
-        raise GleakError(f"{show(file)}: not a gleak sweep report (report: {shorten(repr(got), 40)})")
-    try:
-        report = SweepReport.model_validate(data)
-    except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise GleakError(f"{show(file)}: not a valid sweep report: {shorten(loc, 80)}: "
-                         f"{shorten(first['msg'], 160)}") from None
-    names = [d.name for d in report.defenses]
-    plots = [d.plot for d in report.defenses]
-    if len(set(names)) != len(names) or len(set(plots)) != len(plots):
-        raise GleakError(f"{show(file)}: not a valid sweep report: a defense or plot is listed twice")
-    stray = next((r.defense for r in report.rows if r.defense != BASELINE and r.defense not in names), None)
-    if stray is not None:
-        raise GleakError(f"{show(file)}: not a valid sweep report: rows of defense {stray!r}, which it does not list")
-    return report

@@ -14,7 +14,6 @@ The feature of one example is ∇W[i]/∇b[i] when the last layer has a bias (ex
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from gleak.attacks.labels.counts import logit_grads
 from gleak.attacks.registry import get_attack
 from gleak.capture import Truth
 from gleak.errors import GleakError, shorten
-from gleak.io import MAX_JSON_BYTES, check_input_file, show
+from gleak.io import read_json_input, show
 from gleak.losses import soft_targets
 
 if TYPE_CHECKING:
@@ -84,12 +83,7 @@ def targets_from_file(path: Path, ctx: Context) -> tuple[torch.Tensor, str]:
 
     The report is untrusted input: counts must be C non-negative integers summing to B, a soft label C
     finite numbers in [0, 1] summing to 1; anything else is refused with the reason."""
-    check_input_file(path, "labels report", MAX_JSON_BYTES)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        reason = "nested too deeply" if isinstance(e, RecursionError) else shorten(str(e), 100)
-        raise GleakError(f"{show(path)}: not a JSON labels report ({reason})") from None
+    data = read_json_input(path, "labels report")
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list):
         raise GleakError(f"{show(path)}: not a `gleak labels` JSON report (no 'results' list)")

@@ -11,12 +11,13 @@ workers then share the CPUs' threads (the driver's count divided among them)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 AUTO_BREAK_EVEN_SECONDS = 4.5  # sequential work left from which a pool of workers pays (module docstring)
 AUTO_WARM_UP = 4  # captures audited here before the pace is trusted
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def available_cpus() -> int:
@@ -35,6 +38,16 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def pool_pays(seconds: Sequence[float], left: int, workers: int, warm_up: int = AUTO_WARM_UP) -> bool:
+    """Whether to hand the ``left`` items to a pool of ``workers`` processes, given the ``seconds`` each item done
+    here took: only after ``warm_up`` of them (at least 2: the first pays for warming up — imports, first
+    forwards, caches — and is left out of the pace), with at least 2 workers and at least one item left per worker,
+    and only when the median pace × the items left exceeds :data:`AUTO_BREAK_EVEN_SECONDS`."""
+    if len(seconds) < max(warm_up, 2) or workers < 2 or left < workers:
+        return False
+    return statistics.median(seconds[1:]) * left > AUTO_BREAK_EVEN_SECONDS
 
 
 def run_local(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, jobs: int,
@@ -55,7 +68,7 @@ def run_local(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, j
         return
     setup.load()  # bad model or aux files fail here, once, before any worker starts
     stats["workers"] = jobs
-    yield from _pool(files, 0, setup, out_dir, jobs)
+    yield from _audit_pool(files, 0, setup, out_dir, jobs)
 
 
 def _auto(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None,
@@ -70,39 +83,49 @@ def _auto(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None,
         yield i, audit_capture(path, models, auxes, setup.config, out_dir)
         seconds.append(time.perf_counter() - started)
         done, left = i + 1, len(files) - i - 1
-        if done < AUTO_WARM_UP or workers < 2 or left < workers:
-            continue
-        pace = statistics.median(seconds[1:])  # the first capture pays for warming up (first forwards, caches)
-        if pace * left > AUTO_BREAK_EVEN_SECONDS:
-            del models, auxes
+        if pool_pays(seconds, left, workers):
+            del models, auxes  # the workers load their own
             stats["workers"] = workers
             shared = dataclasses.replace(setup, threads=max(1, setup.threads // workers))
-            yield from _pool(files[done:], done, shared, out_dir, workers)
+            yield from _audit_pool(files[done:], done, shared, out_dir, workers)
             return
 
 
-def _pool(files: Sequence[Path], offset: int, setup: WorkerSetup, out_dir: Path | None,
-          jobs: int) -> Iterator[tuple[int, CaptureResult]]:
+def _audit_pool(files: Sequence[Path], offset: int, setup: WorkerSetup, out_dir: Path | None,
+                jobs: int) -> Iterator[tuple[int, CaptureResult]]:
     """``files`` audited by ``jobs`` spawned workers; yields (offset + index, result) as they finish."""
+    for i, result in pool(files, _worker_init, (setup,), functools.partial(_worker_audit, out_dir=out_dir), jobs):
+        yield offset + i, result
+
+
+def pool(items: Sequence[T], initializer: Callable[..., None], initargs: tuple[Any, ...], work: Callable[[T], R],
+         jobs: int) -> Iterator[tuple[int, R]]:
+    """``work(item)`` for each of ``items`` in ``jobs`` spawned worker processes, each set up once by
+    ``initializer(*initargs)`` (both picklable: module-level functions); yields (index in ``items``, result) as
+    they finish. At most 2 items per worker are in flight (the rest are submitted as results come back); an error
+    in any item is raised here and cancels the items not started."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init, initargs=(setup,)) as pool:
-        pending: dict[Future[CaptureResult], int] = {}
-        queue = iter(enumerate(files))
-        for i, path in queue:  # at most 2 captures per worker in flight: the paths are submitted as they go
-            pending[pool.submit(_worker_audit, path, out_dir)] = i
+    executor = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=initializer, initargs=initargs)
+    try:
+        pending: dict[Future[R], int] = {}
+        queue = iter(enumerate(items))
+        for i, item in queue:
+            pending[executor.submit(work, item)] = i
             if len(pending) >= 2 * jobs:
                 break
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 i = pending.pop(future)
-                yield offset + i, future.result()
+                yield i, future.result()
                 nxt = next(queue, None)
                 if nxt is not None:
-                    pending[pool.submit(_worker_audit, nxt[1], out_dir)] = nxt[0]
+                    pending[executor.submit(work, nxt[1])] = nxt[0]
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
 
 
 _WORKER: dict[str, Any] = {}
