@@ -72,14 +72,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.softlabel import model_for, sample  # noqa: E402
-from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
+from gleak.attacks import AttackResult, Context, build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.labels.softlabel import COEFFICIENT  # noqa: E402
-from gleak.attacks.plan import select_attacks  # noqa: E402
+from gleak.attacks.plan import run_label_attacks, select_attacks  # noqa: E402
 from gleak.capture import Capture, capture_gradients  # noqa: E402
 from gleak.data import Dataset, load_dataset  # noqa: E402
-from gleak.defenses import apply_defenses, contribution_distortion, parse_defense  # noqa: E402
+from gleak.defenses import Defense, apply_defenses, contribution_distortion, parse_defense  # noqa: E402
+from gleak.defenses.apply import contribution_norm  # noqa: E402
+from gleak.defenses.transforms import Clip  # noqa: E402
+from gleak.io import tensors_sha256  # noqa: E402
 from gleak.losses import LossSpec  # noqa: E402
-from gleak.metrics.labels import chance_scores, label_scores, truth_counts  # noqa: E402
+from gleak.metrics.labels import chance_scores, truth_counts  # noqa: E402
 from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
 from gleak.simulate import ClientConfig, simulate_client  # noqa: E402
 
@@ -104,8 +107,25 @@ def pm(values: Sequence[float], digits: int = 3, scale: float = 1.0) -> str:
     return f"{scale * m:.{digits}f} ± {scale * s:.{digits}f}"
 
 
-def defended(cap: Capture, spec: str | None, seed: int) -> Capture:
-    return apply_defenses(cap, [parse_defense(s) for s in spec.split(" then ")], seed) if spec else cap
+def parse_chain(spec: str | None) -> list[Defense] | None:
+    """The defenses of ``"SPEC then SPEC …"`` (None: no defense), parsed once and applied to every trial."""
+    return [parse_defense(s) for s in spec.split(" then ")] if spec else None
+
+
+def defended(cap: Capture, chain: Sequence[Defense] | None, seed: int) -> Capture:
+    return apply_defenses(cap, chain, seed) if chain else cap
+
+
+def truth_and_chance(labels: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The batch's per-class counts (10 classes) and the chance iAcc of uniform guessing for it."""
+    counts = truth_counts(labels, 10)
+    return counts, chance_scores(counts)["iacc"]
+
+
+def chance_mark(values: Sequence[float], chance: Sequence[float], below: str = " **≤ chance**",
+                above: str = "") -> str:
+    """``below`` when the mean of ``values`` is at or below the mean chance (up to rounding), else ``above``."""
+    return below if mean_std(values)[0] <= statistics.mean(chance) + 1e-9 else above
 
 
 def mnist_data() -> tuple[Dataset, Dataset]:
@@ -118,7 +138,28 @@ def mnist_data() -> tuple[Dataset, Dataset]:
 def zoo(arch: str, seed: int, shape: tuple[int, int, int], **kwargs: Any) -> LoadedModel:
     torch.manual_seed(seed)
     module = build_zoo_model(arch, in_channels=shape[0], image_size=shape[1], **kwargs).eval()
-    return LoadedModel(module, "bench", arch, kwargs, shape, "", {})
+    return LoadedModel(module, "bench", arch, kwargs, shape, tensors_sha256(module.state_dict()), {})
+
+
+class Forwards:
+    """The models' forwards of the aux data, made once per model weights and aux set and shared by every context
+    of that model (as gleak sweep shares them; these models have no BatchNorm, so the forwards do not depend on
+    the capture)."""
+
+    def __init__(self) -> None:
+        self.caches: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def context(self, cap: Capture, model: LoadedModel, aux: Dataset, seed: int) -> Context:
+        key = (model.weights_sha256 or tensors_sha256(model.module.state_dict()), id(aux))
+        return build_context(cap, model, seed=seed).with_aux(aux, self.caches.setdefault(key, {}))
+
+
+def best_iacc(results: Sequence[AttackResult]) -> tuple[float, str]:
+    """The highest iAcc against the truth among label attack results (scored by ``run_label_attacks``) and the
+    attack that reached it (the first on a tie); (0.0, "") when none was scored: a failed attack recovers nothing."""
+    scored = [r for r in results if r.scores]
+    best = max(scored, key=lambda r: r.scores["iacc"], default=None)  # type: ignore[index]
+    return (best.scores["iacc"], best.attack) if best is not None and best.scores else (0.0, "")
 
 
 def progress(msg: str) -> None:
@@ -144,6 +185,8 @@ def soft_spec(dist: str, sigma: float) -> str:
 def part_softlabel(trials: int, samples: dict[str, int]) -> dict[str, Any]:
     cifar = load_dataset(ROOT / "samples/data/cifar10.safetensors")
     model = model_for("resnet18", (3, 32, 32))
+    chains = {(dist, sigma): parse_chain(soft_spec(dist, sigma)) for dist in ("gaussian", "laplace")
+              for sigma in SOFT_SIGMAS}
     rows: dict[str, dict[str, list]] = {}
     for kind in ("smoothing", "mixup"):
         attack = get_attack("softlabel")
@@ -160,7 +203,7 @@ def part_softlabel(trials: int, samples: dict[str, int]) -> dict[str, Any]:
                     for sigma in SOFT_SIGMAS:
                         seed = int(np.random.SeedSequence([t, k, kind == "mixup", dist == "laplace",
                                                            SOFT_SIGMAS.index(sigma)]).generate_state(1)[0] % 2**31)
-                        ctx = build_context(defended(cap, soft_spec(dist, sigma), seed), model, seed=k)
+                        ctx = build_context(defended(cap, chains[dist, sigma], seed), model, seed=k)
                         result = run_attack(attack, ctx)
                         cell = per.setdefault(f"{kind}|{dist}|{sigma!r}", {"oracle": [], "strict": [], "l_s": [],
                                                                               "l1": [], "l1_ok": [], "sec": []})
@@ -238,28 +281,29 @@ def llg_specs() -> list[tuple[str, str, str | None]]:
 def part_llg(trials: int) -> dict[str, Any]:
     client, aux = mnist_data()
     attack = get_attack("llg-plus")
+    forwards = Forwards()
     lenet = load_model(ROOT / "samples/models/lenet_untrained.safetensors")
     models: dict[str, Callable[[int], LoadedModel]] = {
         "LeNet-5 ReLU (lenet_untrained)": lambda t: lenet,
         "LLG CNN sigmoid (idlg-cnn, U(±0.5))": lambda t: zoo("idlg-cnn", 1000 + t, (1, 28, 28)),
     }
+    specs = [(group, label, spec, None if spec is not None and spec.startswith("refcode:") else parse_chain(spec))
+             for group, label, spec in llg_specs()]
     rows: dict[str, dict[str, list]] = {}
     for title, make in models.items():
+        trial_models = [make(t) for t in range(trials)]  # simulate_client seeds torch itself: the order is free
         for B in LLG_BATCHES:
-            for t in range(trials):
-                model = make(t)
+            for t, model in enumerate(trial_models):
                 cap, truth = simulate_client(model.module, client, ClientConfig(batch_size=B, composition="unbalanced",
                                                                                 seed=5000 + 31 * B + t))
-                counts = truth_counts(truth.labels, 10)
-                chance = chance_scores(counts)["iacc"]
-                norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in cap.tensors.values()))
-                for group, label, spec in llg_specs():
+                counts, chance = truth_and_chance(truth.labels)
+                norm = contribution_norm(cap)
+                for group, label, spec, chain in specs:
                     if spec is not None and spec.startswith("refcode:"):
                         d = llg_refcode_compression(cap, model, float(spec.split(":")[1]))
                     else:
-                        d = defended(cap, spec, seed=7 * t + 1)
-                    result = run_attack(attack, build_context(d, model, aux, seed=t))
-                    iacc = label_scores(result.output.counts, counts)["iacc"] if result.status == "ok" else 0.0
+                        d = defended(cap, chain, seed=7 * t + 1)
+                    iacc, _ = best_iacc(run_label_attacks(forwards.context(d, model, aux, t), [attack], counts))
                     row = rows.setdefault(f"{title}|{B}|{group}|{label}", {"iacc": [], "chance": [], "norm": []})
                     row["iacc"].append(iacc)
                     row["chance"].append(chance)
@@ -303,35 +347,35 @@ def part_rlu(trials: int) -> dict[str, Any]:
     default = get_attack("rlu")
     ls_only = get_attack("rlu")
     ls_only.configure({"gls_max_classes": 0})
+    forwards = Forwards()
     settings = [("MNIST", client, aux, (1, 28, 28), 32), ("CIFAR-10", cifar, cifar, (3, 32, 32), 16)]
     rows: dict[str, dict[str, list]] = {}
     for title, data, aux_data, shape, B in settings:
         for m in (1, 10):
+            conditions = [(group, label, parse_chain(spec), parse_chain(training))
+                          for group, label, spec, training in rlu_conditions(B, m)]
             for t in range(trials):
                 model = zoo("lenet", 2000 + t, shape, activation="relu")
                 base = ClientConfig(batch_size=B, scheme="fedavg", local_steps=m, learning_rate=LR,
                                     composition="dirichlet", seed=6000 + 37 * m + t)
                 clean, truth = simulate_client(model.module, data, base)
-                counts = truth_counts(truth.labels, 10)
-                chance = chance_scores(counts)["iacc"]
-                for group, label, spec, training in rlu_conditions(B, m):
+                counts, chance = truth_and_chance(truth.labels)
+                for group, label, chain, training in conditions:
                     cap = clean
                     eps = None
                     if training:
-                        cfg = dataclasses.replace(base, defenses=(parse_defense(training),))
+                        cfg = dataclasses.replace(base, defenses=tuple(training))
                         cap, dp_truth = simulate_client(model.module, data, cfg)
                         assert torch.equal(dp_truth.labels, truth.labels)
                         eps = cap.meta.get("gleak.dp.epsilon")
-                    cap = defended(cap, spec, seed=11 * t + 3)
-                    ctx = build_context(cap, model, aux_data, seed=t)
+                    cap = defended(cap, chain, seed=11 * t + 3)
+                    ctx = forwards.context(cap, model, aux_data, t)
                     row = rows.setdefault(f"{title}|{m}|{group}|{label}",
                                           {"rlu": [], "rlu_ls": [], "chance": [], "epsilon": [], "cosine": []})
                     for key, attack in (("rlu", default), ("rlu_ls", ls_only)):
                         if key == "rlu_ls" and m > 1:
                             continue  # the GLS refinement is m = 1 only: both are the same attack
-                        result = run_attack(attack, ctx)
-                        row[key].append(label_scores(result.output.counts, counts)["iacc"]
-                                        if result.status == "ok" else 0.0)
+                        row[key].append(best_iacc(run_label_attacks(ctx, [attack], counts))[0])
                     row["chance"].append(chance)
                     row["cosine"].append(contribution_distortion(clean, cap)["cosine"])
                     if eps is not None:
@@ -361,37 +405,35 @@ def grid_specs() -> list[tuple[str, str | None]]:
 def part_grid(trials: int) -> dict[str, Any]:
     client, aux = mnist_data()
     attacks = select_attacks("labels", None)
+    forwards = Forwards()
+    specs = [(label, spec, None if spec == "clip-relative" else parse_chain(spec)) for label, spec in grid_specs()]
     rows: dict[str, dict[str, Any]] = {}
     for title, path in GRID_MODELS.items():
         model = load_model(ROOT / path)
         for B in (8, 32):
             for t in range(trials):
                 cap, truth = simulate_client(model.module, client, ClientConfig(batch_size=B, seed=7000 + 13 * B + t))
-                counts = truth_counts(truth.labels, 10)
-                chance = chance_scores(counts)["iacc"]
-                norm = math.sqrt(sum(float(v.double().pow(2).sum()) for v in cap.tensors.values()))
-                for label, spec in grid_specs():
-                    if spec == "clip-relative":
-                        spec = f"clip:norm={0.1 * norm!r}"
-                    d = defended(cap, spec, seed=13 * t + 5)
-                    ctx = build_context(d, model, aux, seed=t)
+                counts, chance = truth_and_chance(truth.labels)
+                norm = contribution_norm(cap)
+                for label, spec, chain in specs:
+                    if spec == "clip-relative":  # 10 % of this gradient's norm
+                        chain = parse_chain(f"clip:norm={0.1 * norm!r}")
+                    d = defended(cap, chain, seed=13 * t + 5)
+                    ctx = forwards.context(d, model, aux, t)
                     row = rows.setdefault(f"{title}|{B}|{label}", {"best": [], "best_attack": [], "chance": [],
                                                                    "cosine": [], "norm": [], "clipped": []})
-                    scores = {}
-                    for attack in attacks:
-                        result = run_attack(attack, ctx)
-                        if result.status == "ok" and result.output is not None and result.output.counts is not None:
-                            scores[attack.name] = label_scores(result.output.counts, counts)["iacc"]
-                    for name, v in scores.items():
-                        row.setdefault(name, []).append(v)
-                    best = max(scores, key=lambda n: scores[n])
-                    row["best"].append(scores[best])
-                    row["best_attack"].append(best)
+                    results = run_label_attacks(ctx, attacks, counts)
+                    for result in results:
+                        if result.scores:
+                            row.setdefault(result.attack, []).append(result.scores["iacc"])
+                    best, winner = best_iacc(results)
+                    row["best"].append(best)
+                    row["best_attack"].append(winner)
                     row["chance"].append(chance)
                     row["cosine"].append(contribution_distortion(cap, d)["cosine"])
                     row["norm"].append(norm)
-                    row["clipped"].append(float(spec is not None and spec.startswith("clip") and
-                                                norm > float(spec.split("=")[1])))
+                    clip = chain[0] if chain else None
+                    row["clipped"].append(float(isinstance(clip, Clip) and norm > clip.options.norm))
             progress(f"grid {title} B={B}: " + ", ".join(
                 f"{k.split('|')[2]} {statistics.mean(r['best']):.2f}" for k, r in rows.items()
                 if k.startswith(f"{title}|{B}|")))
@@ -431,13 +473,15 @@ def part_rgla(trials: int) -> dict[str, Any]:
     aux = load_dataset(ROOT / "samples/data/mnist_aux.safetensors")
     model = load_model(ROOT / "samples/models/lenet_untrained.safetensors")
     generator = load_generator(ROOT / "samples/generators/lenet_untrained_mnist.safetensors")
+    forwards = Forwards()
+    conditions = [(label, parse_chain(spec), names) for label, spec, names in rgla_conditions()]
     rows: dict[str, dict[str, list]] = {}
     for t in range(trials):
         cap, truth = simulate_client(model.module, client, ClientConfig(batch_size=8, seed=8000 + t))
         fc_rms = float(cap.tensors["fc3.weight"].double().pow(2).mean().sqrt())
-        for label, spec, names in rgla_conditions():
-            d = defended(cap, spec, seed=17 * t + 7)
-            ctx = build_context(d, model, aux, seed=t)
+        for label, chain, names in conditions:
+            d = defended(cap, chain, seed=17 * t + 7)
+            ctx = forwards.context(d, model, aux, t)
             for name in names:
                 attack = get_attack(name)
                 if name == "ig":
@@ -558,10 +602,7 @@ def section_llg(res: dict[str, Any]) -> list[str]:
                 if not row:
                     cells.append("—")
                     continue
-                m = mean_std(row["iacc"])[0]
-                c = statistics.mean(row["chance"])
-                mark = " **≤ chance**" if m <= c + 1e-9 else ""
-                cells.append(f"{pm(row['iacc'], 2)}{mark}")
+                cells.append(f"{pm(row['iacc'], 2)}{chance_mark(row['iacc'], row['chance'])}")
             lines.append(f"| {round(100 * r)} % | " + " | ".join(cells) + " |")
         chance = [statistics.mean(rows[f"{title}|{B}|topk|0"]["chance"]) if f"{title}|{B}|topk|0" in rows else None
                   for B in LLG_BATCHES]
@@ -579,8 +620,7 @@ def section_llg(res: dict[str, Any]) -> list[str]:
             for B in LLG_BATCHES:
                 row = rows.get(f"{title}|{B}|{group}|{label}")
                 if row:
-                    mark = " **≤ chance**" if mean_std(row["iacc"])[0] <= statistics.mean(row["chance"]) + 1e-9 else ""
-                    cells.append(pm(row["iacc"], 2) + mark)
+                    cells.append(pm(row["iacc"], 2) + chance_mark(row["iacc"], row["chance"]))
                 else:
                     cells.append("—")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -694,9 +734,9 @@ def section_grid(res: dict[str, Any]) -> list[str]:
             for key in keys:
                 r = rows[key]
                 label = key.split("|")[2]
-                winner = max(set(r["best_attack"]), key=r["best_attack"].count)
+                winner = max(r["best_attack"], key=r["best_attack"].count)  # ties: the first to win
                 c = statistics.mean(r["chance"])
-                mark = " **≤ chance**" if mean_std(r["best"])[0] <= c + 1e-9 else ""
+                mark = chance_mark(r["best"], r["chance"])
                 if label.startswith("clip"):
                     label += f" (binds in {sum(r['clipped']):.0f}/{len(r['clipped'])})"
                 lines.append(f"| {label} | {pm(r['best'], 2)} ({winner}){mark} | "
@@ -792,13 +832,23 @@ SECTIONS = {"softlabel": section_softlabel, "llg": section_llg, "rlu": section_r
 
 # ------------------------------------------------------------------------------------------------ plots
 
+def _save(fig: Any, name: str, written: list[Path]) -> None:
+    """Lay the figure out, write it to bench/results/``name`` (added to ``written``) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    written.append(RESULTS / name)
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+
 def plot_all(stored: dict[str, Any]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    written: list[Path] = []
     parts = stored["parts"]
     if "softlabel" in parts:
         rows = parts["softlabel"]["rows"]
@@ -820,10 +870,7 @@ def plot_all(stored: dict[str, Any]) -> list[Path]:
         ax.set_ylim(-5, 105)
         ax.set_title("softlabel, untrained ResNet-18, CIFAR-10")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        written.append(RESULTS / "defenses-softlabel.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        _save(fig, "defenses-softlabel.png", written)
     if "llg" in parts:
         rows = parts["llg"]["rows"]
         titles = sorted({k.split("|")[0] for k in rows}, key=lambda s: not s.startswith("LeNet"))
@@ -846,10 +893,7 @@ def plot_all(stored: dict[str, Any]) -> list[Path]:
             ax.set_ylabel("iAcc (dashed: chance)")
             ax.set_ylim(-0.02, 1.02)
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        written.append(RESULTS / "defenses-llg.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        _save(fig, "defenses-llg.png", written)
     if "rlu" in parts:
         rows = parts["rlu"]["rows"]
         fig, axes = plt.subplots(1, 2, figsize=(10.4, 4))
@@ -878,10 +922,7 @@ def plot_all(stored: dict[str, Any]) -> list[Path]:
             ax.set_ylim(-0.02, 1.02)
             ax.set_title(f"RLU, {title} (paper: {paper})", fontsize=9)
             ax.legend(fontsize=6)
-        fig.tight_layout()
-        written.append(RESULTS / "defenses-rlu.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        _save(fig, "defenses-rlu.png", written)
     if "grid" in parts:
         rows = parts["grid"]["rows"]
         labels = [label for label, _ in grid_specs()]
@@ -907,10 +948,7 @@ def plot_all(stored: dict[str, Any]) -> list[Path]:
         ax.set_yticks(np.arange(0, 1.01, 0.2))
         ax.set_title("label attacks under defenses, LeNet-5 on MNIST (black ticks: chance)", fontsize=9)
         ax.legend(fontsize=7, ncol=5, loc="upper center")
-        fig.tight_layout()
-        written.append(RESULTS / "defenses-grid.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        _save(fig, "defenses-grid.png", written)
     if "rgla" in parts:
         rows = parts["rgla"]["rows"]
         fig, axes = plt.subplots(1, 2, figsize=(10.4, 4))
@@ -937,10 +975,7 @@ def plot_all(stored: dict[str, Any]) -> list[Path]:
             ax.set_ylabel(ylabel)
             ax.legend(fontsize=7)
         axes[0].set_title("RGLA Table 12 in small: untrained LeNet-5, MNIST, B = 8", fontsize=9)
-        fig.tight_layout()
-        written.append(RESULTS / "defenses-rgla.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        _save(fig, "defenses-rgla.png", written)
     return written
 
 
@@ -970,7 +1005,7 @@ def findings(stored: dict[str, Any]) -> list[str]:
                     r = rows.get(f"{title}|{B}|{group}|{label}")
                     if r:
                         m, c = mean_std(r["iacc"])[0], statistics.mean(r["chance"])
-                        cells.append(f"{m:.2f}{' ≤' if m <= c + 1e-9 else ' >'} {c:.2f}")
+                        cells.append(f"{m:.2f}{chance_mark(r['iacc'], r['chance'], ' ≤', ' >')} {c:.2f}")
                 return ", ".join(cells)
             short = "LeNet-5" if title.startswith("LeNet") else "sigmoid CNN"
             bits.append(f"{short}, B = 4/8/16 (iAcc vs chance): entry-wise top-k 80 % {at('topk', '0.8')}; 99 % "

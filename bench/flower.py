@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gleak.report.model import CaptureReport
+
 ROOT = Path(__file__).resolve().parents[1]
 GLEAK = [sys.executable, "-m", "gleak"]
 AUX = ROOT / "samples" / "data" / "mnist_aux.safetensors"
@@ -29,7 +31,10 @@ def best_iacc(folder: Path, models: Path) -> tuple[list[float], list[float], lis
     best, rlu, chance = [], [], []
     for c in report["captures"]:
         scores = {a["attack"]: (a["scores"] or {}).get("iacc") for a in c["attacks"] if a["scores"]}
-        best.append(max(v for v in scores.values() if v is not None))
+        top = CaptureReport.model_validate(c).best_label()  # the report's own "best label attack"
+        iacc = (top.scores or {}).get("iacc") if top is not None else None
+        assert iacc is not None, f"no label attack scored on {c['capture']}"
+        best.append(float(iacc))
         rlu.append(scores.get("rlu") or 0.0)
         chance.append(c["chance"]["iacc"])
     return best, rlu, chance

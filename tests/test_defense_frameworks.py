@@ -40,11 +40,13 @@ import numpy as np
 import pytest
 import torch
 
+from gleak.attacks import AttackResult
 from gleak.attacks.context import build_context
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, load_capture, load_truth, truth_path_for
 from gleak.data import load_dataset
-from gleak.defenses import apply_defenses, parse_defense
+from gleak.defenses import Defense, apply_defenses, parse_defense, rebuild_defenses, recorded_defenses
+from gleak.defenses.apply import contribution_norm
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel, load_model
 
@@ -69,14 +71,17 @@ class Scorer:
     def __init__(self) -> None:
         self.attacks = select_attacks("labels", None)
         self.aux = load_dataset(MNIST_AUX)
+        self.forwards: dict[str, dict[str, Any]] = {}  # the aux forwards, by model weights (no BatchNorm here)
 
     def __call__(self, capture: Capture, model: LoadedModel, labels: torch.Tensor) -> tuple[float, float]:
         """The best iAcc of the attacks on this capture, and their mean iAcc."""
-        ctx = build_context(capture, model, self.aux, seed=0)
+        assert model.weights_sha256
+        ctx = build_context(capture, model, seed=0).with_aux(self.aux,
+                                                             self.forwards.setdefault(model.weights_sha256, {}))
         results = run_label_attacks(ctx, self.attacks, truth_counts(labels, ctx.num_classes))
-        scores = [r.scores["iacc"] for r in results if r.scores]
-        assert scores, [(r.attack, r.reason) for r in results]
-        return max(scores), _mean(scores)
+        best = _best_iacc(results)
+        assert best is not None, [(r.attack, r.reason) for r in results]
+        return best, _mean([r.scores["iacc"] for r in results if r.scores])
 
 
 class Table:
@@ -135,20 +140,23 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values)
 
 
+def _best_iacc(results: Sequence[AttackResult]) -> float | None:
+    """The best iAcc over the attacks' results (scored against the truth), None when none was scored."""
+    return max((r.scores["iacc"] for r in results if r.scores), default=None)
+
+
 def _models(folder: Path) -> dict[str, LoadedModel]:
     """The round models a recorder saved, by their weights' sha256 (what each capture records)."""
     loaded = [load_model(p) for p in sorted((folder / "models").glob("*.safetensors"))]
     return {m.weights_sha256: m for m in loaded if m.weights_sha256}
 
 
-def _equivalent(capture: Capture) -> list[Any]:
-    """The gleak defenses the capture's gleak.defense names as equivalent to what the framework did."""
-    specs = [s for entry in capture.get("gleak.defense") for s in (entry.get("gleak_equivalent") or [])]
-    return [parse_defense(s) for s in specs]
-
-
-def _norm(capture: Capture) -> float:
-    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in capture.tensors.values()))
+def _equivalent(capture: Capture) -> list[Defense]:
+    """The gleak defenses the capture's gleak.defense names as equivalent to what the framework did (the audit's
+    own path: ``rebuild_defenses`` of ``recorded_defenses``)."""
+    chain, unknown = rebuild_defenses(recorded_defenses(capture))
+    assert not unknown, unknown
+    return chain
 
 
 def _train(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, seed: int) -> torch.Tensor:
@@ -219,8 +227,8 @@ def test_flower_local_dp_mod_captured_after_it_and_predicted_by_clip_then_gaussi
         (entry,) = defended.get("gleak.defense")
         assert entry["name"] == "flwr.LocalDpMod" and entry["epsilon"] == DP["epsilon"]
         assert entry["noise_std"] == pytest.approx(sigma) and clean.get("gleak.defense") is None
-        assert _norm(clean) > DP["clipping_norm"]  # the clip binds
-        scale = DP["clipping_norm"] / _norm(clean)
+        assert contribution_norm(clean) > DP["clipping_norm"]  # the clip binds
+        scale = DP["clipping_norm"] / contribution_norm(clean)
         residual = torch.cat([(defended.tensors[k] - scale * clean.tensors[k]).flatten() for k in clean.tensors])
         assert abs(float(residual.mean())) < 4 * sigma / math.sqrt(residual.numel())
         assert float(residual.std()) == pytest.approx(sigma, rel=0.02)  # 61,706 draws: a 0.3 % standard error
@@ -406,7 +414,8 @@ def test_flower_defense_records_localdpmod_and_refuses_what_it_cannot_record(tmp
         assert entry["gleak_equivalent"] == ["clip:norm=1.0", f"gaussian:sigma={entry['noise_std']!r}"]
     assert defense_record(LocalDpMod(1.0, 1.0, 0.0, 1e-5))["gleak_equivalent"] is None  # ε = 0: no finite σ
     assert defense_record({"name": "my-clip", "norm": 2})["norm"] == 2
-    for bad in ({"norm": 2}, {"name": "x", "norm": float("nan")}, {"name": "x", "f": object()}, "clip:norm=2"):
+    for bad in ({"norm": 2}, {"name": "x", "norm": float("nan")}, {"name": "x", "f": object()}, "clip:norm=2",
+                {"name": "x", "gleak_equivalent": ["clip:nrom=2"]}, {"name": "x", "gleak_equivalent": "clip:norm=2"}):
         with pytest.raises(GleakError):
             GleakCaptureMod(tmp_path, defense=[bad])
 
@@ -426,8 +435,9 @@ def test_nvflare_filter_records_its_privacy_filters_and_warns_when_it_runs_befor
     assert defense_record(PercentilePrivacy(95, 0.02)) == {"name": "nvflare.PercentilePrivacy", "percentile": 95,
                                                             "gamma": 0.02}
     assert defense_record(SVTPrivacy())["fraction"] == 0.1
-    with pytest.raises(GleakError):
-        GleakCaptureFilter(str(tmp_path), defense=[object()])
+    for bad in (object(), {"name": "x", "gleak_equivalent": ["no-such-defense"]}):
+        with pytest.raises(GleakError):
+            GleakCaptureFilter(str(tmp_path), defense=[bad])
     forget_globals()
     svt = SVTPrivacy()
     early = GleakCaptureFilter(str(tmp_path), defense=[svt])  # wrongly placed: before SVTPrivacy

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 import time
+from collections.abc import Sequence
 from logging import INFO, WARNING
 from pathlib import Path
+from typing import Any
 
 import task
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
@@ -19,28 +25,54 @@ ROUND_TIMEOUT = 24 * 3600.0  # seconds the server waits for a round's replies: n
 STALL_SECONDS = 120.0  # a hang guard only: stop waiting for captures when none arrived for this long
 
 
-def client_app(captures: Path | None, background: bool = True) -> ClientApp:
-    """Clients train on their shard; with ``captures``, the gleak mod writes every update there."""
-    mods = [GleakCaptureMod(captures, arch=task.ARCH, arch_kwargs=task.ARCH_KWARGS, background=background)] \
-        if captures else []
+def train(msg: Message, context: Context) -> Message:
+    """The client's round: ``local-steps`` SGD steps on its shard from the round's model; the model back."""
+    started = time.perf_counter()
+    config = msg.content["config"]
+    partition, partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    model = task.new_model()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    inputs, labels = task.shard(partition, partitions)
+    steps, batch = int(config["local-steps"]), int(config["batch-size"])
+    seed = 1000 * int(config["server-round"]) + partition
+    loss = task.train(model, inputs, labels, steps, batch, float(config["lr"]), seed, context)
+    metrics = MetricRecord({"train-loss": loss, "num-examples": steps * batch,
+                            "train-seconds": time.perf_counter() - started})
+    return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
+
+
+def client_app(captures: Path | None, background: bool = True, *, defense: Sequence[Any] = (),
+               train_mods: Sequence[Mod] = ()) -> ClientApp:
+    """Clients :func:`train` on their shard; with ``captures``, the gleak mod writes every update there (the
+    ``ClientApp``'s mod: the outermost, it sees the reply after ``train_mods``, the train function's own mods, and
+    records ``defense`` in ``gleak.defense``)."""
+    mods = [GleakCaptureMod(captures, arch=task.ARCH, arch_kwargs=task.ARCH_KWARGS, background=background,
+                            defense=defense)] if captures else []
     app = ClientApp(mods=mods)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        started = time.perf_counter()
-        config = msg.content["config"]
-        partition, partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-        model = task.new_model()
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        inputs, labels = task.shard(partition, partitions)
-        steps, batch = int(config["local-steps"]), int(config["batch-size"])
-        seed = 1000 * int(config["server-round"]) + partition
-        loss = task.train(model, inputs, labels, steps, batch, float(config["lr"]), seed, context)
-        metrics = MetricRecord({"train-loss": loss, "num-examples": steps * batch,
-                                "train-seconds": time.perf_counter() - started})
-        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
-
+    app.train(mods=list(train_mods))(train)
     return app
+
+
+def backend_config() -> dict[str, Any]:
+    """The simulation engine's settings for the example: one CPU per client, Ray on at most 2 cores, no
+    dashboard, a small object store (a new dict each call: ``run_simulation`` fills in its defaults)."""
+    return {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": min(2, os.cpu_count() or 1), "include_dashboard": False,
+                          "object_store_memory": 100 * 1024 * 1024}}
+
+
+def check_empty(folder: Path | None, force: bool) -> bool:
+    """Whether ``folder`` (None: nothing to check) may take this run's captures: it holds none of an earlier run,
+    or ``force`` and it is removed first. Otherwise says so on stderr."""
+    if folder is None or not folder.exists():
+        return True
+    if force:
+        shutil.rmtree(folder)
+        return True
+    if any(folder.rglob("*.safetensors")):
+        print(f"{folder} already holds captures; pass --force or another --out", file=sys.stderr)
+        return False
+    return True
 
 
 def captures_written(captures: Path) -> int:

@@ -8,7 +8,6 @@ every update captured by gleak's mod, every round audited by gleak's strategy wr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,13 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     from flwr.simulation import run_simulation
 
     captures = None if args.no_capture else args.out / "captures"
-    if captures is not None and captures.exists() and any(captures.rglob("*.safetensors")) and not args.force:
-        print(f"{captures} already holds captures; pass --force or another --out", file=sys.stderr)
+    if not apps.check_empty(captures, args.force):
         return 2
-    if captures is not None and args.force and captures.exists():
-        import shutil
-
-        shutil.rmtree(captures)
     audit_log = None if args.no_audit else args.out / "audit.jsonl"
     aux = task.ROOT / "samples" / "data" / "mnist_aux.safetensors"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -53,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                                    captures.resolve() if captures else None),
         client_app=apps.client_app(captures.resolve() if captures else None, background=not args.sync_capture),
         num_supernodes=args.clients,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                        "init_args": {"num_cpus": min(2, os.cpu_count() or 1), "include_dashboard": False,
-                                      "object_store_memory": 100 * 1024 * 1024}})
+        backend_config=apps.backend_config())
     print(f"federation done in {time.perf_counter() - started:.1f} s; captures in {captures}, "
           f"server-side audit in {audit_log}")
     if captures is not None and (written := apps.captures_written(captures)) < args.rounds * args.clients:

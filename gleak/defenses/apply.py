@@ -78,6 +78,14 @@ def apply_defenses(capture: Capture, defenses: Sequence[Defense], seed: int = 0)
     return Capture(tensors=tensors, meta=meta, extra=dict(capture.extra))
 
 
+def contribution_norm(capture: Capture) -> float:
+    """L2 norm of the contribution's parameter tensors together (buffers skipped), in float64: what ``clip``
+    measures against its bound C when it is applied to the capture."""
+    buffers = set(capture.buffers)
+    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for n, t in capture.tensors.items()
+                         if n not in buffers))
+
+
 def contribution_distortion(clean: Capture, defended: Capture) -> dict[str, float]:
     """Utility of a defended contribution against the clean one, over the parameter tensors: relative L2 error
     ‖d − c‖ / ‖c‖ and cosine similarity."""

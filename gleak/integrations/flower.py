@@ -47,7 +47,7 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from gleak.errors import GleakError, shorten
-from gleak.integrations.recorder import CaptureRecorder, ClientRecord, local_steps_from_epochs
+from gleak.integrations.recorder import CaptureRecorder, ClientRecord, defense_entry, local_steps_from_epochs
 from gleak.losses import LossSpec
 
 log = logging.getLogger("flwr.gleak")  # through Flower's own log handler
@@ -67,6 +67,9 @@ TIMINGS_FILE = "gleak-mod.jsonl"
 BATCH_KEY = "gleak.batch."  # context.state keys written by record_batch, one per local step
 
 
+_LOCAL_DP_OPTIONS = ("clipping_norm", "sensitivity", "epsilon", "delta")  # LocalDpMod's options, in its order
+
+
 def defense_record(defense: Any) -> dict[str, Any]:
     """One ``gleak.defense`` entry for what a client applies to its reply before it leaves.
 
@@ -76,27 +79,19 @@ def defense_record(defense: Any) -> dict[str, Any]:
     to L2 norm ``clipping_norm``, then adds N(0, σ²) to every entry of every array with σ = ``noise_std`` =
     sensitivity · √(2 ln(1.25/δ)) / ε — gleak's ``clip:norm=C`` then ``gaussian:sigma=σ`` (``gleak_equivalent``,
     the specs ``gleak defend --defense`` takes; exact for models without buffers, which Flower clips and noises
-    too and gleak leaves alone). A mapping with a string ``name`` (and JSON values) is recorded as given."""
+    too and gleak leaves alone). A mapping with a string ``name`` (and JSON values) is recorded as given, its
+    ``gleak_equivalent`` (if any) checked to parse (:func:`~gleak.integrations.recorder.defense_entry`)."""
     if isinstance(defense, Mapping):
-        record = dict(defense)
-        if not isinstance(record.get("name"), str) or not record["name"]:
-            raise GleakError(f"defense {shorten(repr(defense), 80)}: a mapping needs a 'name' (a string)")
-        try:
-            json.dumps(record, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise GleakError(f"defense {record['name']!r}: its values must be JSON ({e})") from None
-        return record
+        return defense_entry(defense)
     if type(defense).__name__ == "LocalDpMod" and all(hasattr(defense, k) for k in _LOCAL_DP_OPTIONS):
         c, s, eps, delta = (float(getattr(defense, k)) for k in _LOCAL_DP_OPTIONS)
         sigma = s * math.sqrt(2 * math.log(1.25 / delta)) / eps if eps > 0 and 0 < delta < 1.25 else None
-        return {"name": "flwr.LocalDpMod", "clipping_norm": c, "sensitivity": s, "epsilon": eps, "delta": delta,
-                "noise_std": sigma,
-                "gleak_equivalent": [f"clip:norm={c!r}", f"gaussian:sigma={sigma!r}"] if sigma is not None else None}
+        return defense_entry({
+            "name": "flwr.LocalDpMod", "clipping_norm": c, "sensitivity": s, "epsilon": eps, "delta": delta,
+            "noise_std": sigma,
+            "gleak_equivalent": [f"clip:norm={c!r}", f"gaussian:sigma={sigma!r}"] if sigma is not None else None})
     raise GleakError(f"defense {shorten(repr(defense), 80)}: expected Flower's LocalDpMod or a mapping with a "
                      "'name' (e.g. {'name': 'my-clip', 'norm': 1.0})")
-
-
-_LOCAL_DP_OPTIONS = ("clipping_norm", "sensitivity", "epsilon", "delta")
 
 
 def record_batch(context: Context, inputs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -384,7 +379,7 @@ class GleakCaptureMod:
                 extra[f"flower.{key}"] = str(context.node_config[key])
         sources = [dict(r) for r in (*_records(reply), *configs, context.run_config)]
         record = self.metadata.record(round, str(context.node_id), sources, extra, len(batches) if batches else None)
-        record.defense = [dict(d) for d in self.defense] or None
+        record.defense = self.defense or None  # the recorder copies them into the capture
 
         def job() -> Path | None:
             truth = _batches(batches)

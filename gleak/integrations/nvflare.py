@@ -23,7 +23,6 @@ The filter never changes the DXO (it returns None, "not filtered"); a failure to
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -39,7 +38,7 @@ from nvflare.apis.shareable import Shareable
 from nvflare.app_common.app_constant import AppConstants
 
 from gleak.errors import GleakError, shorten
-from gleak.integrations.recorder import CaptureRecorder, ClientRecord
+from gleak.integrations.recorder import CaptureRecorder, ClientRecord, defense_entry
 
 # the last global model each (job, site) received, from the task-data instance to the task-result instance
 # (NVFlare builds one filter object per chain)
@@ -59,30 +58,24 @@ SVT_BUDGET = "svt_privacy_budget"  # the DXO meta property SVTPrivacy writes (it
 def defense_record(defense: Any) -> dict[str, Any]:
     """One ``gleak.defense`` entry for a filter that runs before the capture filter: NVFlare's ``PercentilePrivacy``
     or ``SVTPrivacy`` becomes ``{"name": "nvflare.PercentilePrivacy", "percentile", "gamma"}`` (or the SVT options);
-    a mapping with a string ``name`` (and JSON values) is kept as given. Each capture's entry adds what the
+    a mapping with a string ``name`` (and JSON values) is kept as given (checked by
+    :func:`~gleak.integrations.recorder.defense_entry`). Each capture's entry adds what the
     filter did to that update and the equivalent gleak defense where one exists."""
     if isinstance(defense, Mapping):
-        record = dict(defense)
-        if not isinstance(record.get("name"), str) or not record["name"]:
-            raise GleakError(f"defense {shorten(repr(defense), 80)}: a mapping needs a 'name' (a string)")
-    elif isinstance(defense, DXOFilter) and type(defense).__name__ in PRIVACY_FILTERS:
+        return defense_entry(defense)
+    if isinstance(defense, DXOFilter) and type(defense).__name__ in PRIVACY_FILTERS:
         kind = type(defense).__name__
-        record = {"name": f"nvflare.{kind}", **{k: getattr(defense, k, None) for k in PRIVACY_FILTERS[kind]}}
-    else:
-        raise GleakError(f"defense {shorten(repr(defense), 80)}: expected NVFlare's PercentilePrivacy or SVTPrivacy, "
-                         "or a mapping with a 'name'")
-    try:
-        json.dumps(record, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise GleakError(f"defense {record['name']!r}: its values must be JSON ({e})") from None
-    return record
+        return defense_entry({"name": f"nvflare.{kind}",
+                              **{k: getattr(defense, k, None) for k in PRIVACY_FILTERS[kind]}})
+    raise GleakError(f"defense {shorten(repr(defense), 80)}: expected NVFlare's PercentilePrivacy or SVTPrivacy, "
+                     "or a mapping with a 'name'")
 
 
 def _applied(record: dict[str, Any], dxo: DXO, data: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], str | None]:
     """``record`` with what its filter did to this update (read from the filtered DXO) and ``gleak_equivalent``:
     gleak defense specs that transform the clean update the same way, or None and ``no_equivalent`` (why). The
     second value: a warning when the DXO does not show the filter ran before this one."""
-    out, warning = dict(record), None
+    out = dict(record)
     name = record.get("name")
     steps = dxo.get_meta_prop(MetaKey.NUM_STEPS_CURRENT_ROUND, 1)  # both filters divide by it (default 1)
     m = float(steps) if isinstance(steps, int | float) and not isinstance(steps, bool) and steps > 0 else 1.0
@@ -127,7 +120,7 @@ def _applied(record: dict[str, Any], dxo: DXO, data: Mapping[str, torch.Tensor])
                 out.update(gleak_equivalent=None, no_equivalent="SVT releases a random subset of about fraction × "
                            "the entries (noisy threshold queries; drawn with replacement when replace) and clamps "
                            "each to ±gamma per local step: gleak has no random sparsification or per-entry clamp")
-    return out, warning
+    return out, None
 
 
 def _tensors(data: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -156,16 +149,17 @@ class GleakCaptureFilter(DXOFilter):
         # plain values under the parameters' names: the Job API serialises a component from these attributes
         self.out_dir, self.arch = str(out_dir), arch
         self.arch_kwargs = dict(arch_kwargs) if arch_kwargs is not None else None
+        self.learning_rate, self.batch_size, self.optimizer = learning_rate, batch_size, optimizer
+        self.momentum, self.weight_decay = momentum, weight_decay
         self.input_shape = [int(n) for n in input_shape] if input_shape is not None else None
         self.mean = [float(v) for v in mean] if mean is not None else None
         self.std = [float(v) for v in std] if std is not None else None
         self.save_global, self.force = save_global, force
         self.defense = [defense_record(d) for d in defense] if defense else None
+        # the filter's own state
         self.recorder = CaptureRecorder(out_dir, arch=arch, arch_kwargs=arch_kwargs, save_global=save_global,
                                         input_shape=input_shape, mean=mean, std=std, force=force,
                                         producer="nvflare filter")
-        self.learning_rate, self.batch_size, self.optimizer = learning_rate, batch_size, optimizer
-        self.momentum, self.weight_decay = momentum, weight_decay
         self._warned: set[str] = set()
 
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:

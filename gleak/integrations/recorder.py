@@ -65,6 +65,32 @@ class ClientRecord:
     defense: list[dict[str, Any]] | None = None
 
 
+def defense_entry(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``gleak.defense`` entry (a copy of ``mapping``) checked when it is recorded, not when an audit reads it:
+    a non-empty string ``name``, JSON values, and a ``gleak_equivalent`` (when given) that is a list of gleak
+    defense specs :func:`gleak.defenses.parse_defense` accepts. Raises GleakError."""
+    from gleak.defenses import parse_defense
+
+    record = dict(mapping)
+    name = record.get("name")
+    if not isinstance(name, str) or not name:
+        raise GleakError(f"defense {shorten(repr(mapping), 80)}: a mapping needs a 'name' (a string)")
+    try:
+        json.dumps(record, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise GleakError(f"defense {name!r}: its values must be JSON ({e})") from None
+    equivalent = record.get("gleak_equivalent")
+    if equivalent is not None:
+        if not isinstance(equivalent, list) or not all(isinstance(s, str) for s in equivalent):
+            raise GleakError(f"defense {name!r}: gleak_equivalent must be a list of gleak defense specs")
+        for spec in equivalent:
+            try:
+                parse_defense(spec)
+            except GleakError as e:
+                raise GleakError(f"defense {name!r}: gleak_equivalent {spec!r}: {e}") from None
+    return record
+
+
 def local_steps_from_epochs(epochs: float | None, examples: int | None, batch_size: int | None) -> int | None:
     """m = epochs · ⌈examples / B⌉ (a DataLoader without drop_last), when all three are known."""
     if not epochs or not examples or not batch_size or epochs <= 0 or examples <= 0 or batch_size <= 0:
