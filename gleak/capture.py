@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from gleak.io import (
 )
 from gleak.losses import LossSpec, client_loss
 from gleak.models.lastlayer import guess_last_layer
+from gleak.reproducible import created_at
 
 SCHEMA_VERSION = 1
 KINDS = ("gradient", "update")
@@ -415,18 +414,16 @@ def _save(tensors: Mapping[str, torch.Tensor], meta: dict[str, str], path: str |
     return save_safetensors(path, tensors, meta, force=force)
 
 
-def created_at() -> str:
-    """Now in ISO-8601 UTC, or ``SOURCE_DATE_EPOCH`` when set (reproducible builds: byte-identical files)."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = datetime.fromtimestamp(int(epoch), UTC) if epoch and epoch.isdigit() else datetime.now(UTC)
-    return when.isoformat(timespec="seconds")
-
-
-def save_capture(capture: Capture, path: str | Path, force: bool = False, truth: Truth | None = None) -> Path:
+def save_capture(capture: Capture, path: str | Path, force: bool = False, truth: Truth | None = None, *,
+                 clock: bool = True) -> Path:
     """Write a capture atomically; refuses to overwrite an existing file unless ``force``.
 
     With ``truth``, also write the ground truth to ``NAME.truth.safetensors`` beside it (see
-    :func:`truth_path_for`), bound to the capture's bytes; ``gleak labels`` / ``reconstruct`` pick it up."""
+    :func:`truth_path_for`), bound to the capture's bytes; ``gleak labels`` / ``reconstruct`` pick it up.
+
+    ``gleak.created_at`` is the capture's own when its metadata has one, else ``SOURCE_DATE_EPOCH``, else now;
+    ``clock=False`` (a capture derived from another, as ``gleak defend`` writes) never reads the clock
+    (:mod:`gleak.reproducible`)."""
     if capture.meta.get("gleak.kind") not in KINDS:
         raise GleakError(f"capture kind must be one of {', '.join(KINDS)}")
     check_finite(capture.tensors)
@@ -438,7 +435,10 @@ def save_capture(capture: Capture, path: str | Path, force: bool = False, truth:
         if not force and truth_path_for(path).exists():
             raise GleakError(f"{truth_path_for(path)} already exists; pass force=True to overwrite it")
     meta = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.producer": f"gleak {__version__}",
-            "gleak.created_at": created_at(), **capture.meta}
+            **capture.meta}
+    stamp = created_at(capture.meta.get("gleak.created_at"), clock=clock)
+    if stamp is not None:
+        meta["gleak.created_at"] = stamp
     out = _save(capture.tensors, format_metadata(meta, capture.extra), path, force)
     capture.path = out
     if truth is not None:

@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gleak.generator", "gleak.simulate", "gleak.defenses"),  # the simulated client applies the defenses
     ("gleak.capture", "gleak.metrics"),  # capture reads the last layer (models) and records the loss (losses)
     ("gleak.models", "gleak.data", "gleak.losses"),
-    ("gleak.io", "gleak.errors", "gleak.registry", "gleak"),  # foundations: files, errors, typed plug-in options
+    ("gleak.io", "gleak.errors", "gleak.registry", "gleak.reproducible", "gleak"),  # foundations: files, errors,
+    # typed plug-in options, time stamps
 )
 # The deprecated re-export of gleak.runs.audit, kept for one release (CHANGELOG): its imports are not checked
 # against the layers (cycles through it are).

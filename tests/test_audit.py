@@ -16,7 +16,7 @@ from gleak.capture import load_capture
 from gleak.models import load_model
 from gleak.report.model import SCHEMA_PATH, Report, json_schema
 
-from .conftest import FEDSGD, LENET, MNIST_AUX, SAMPLES
+from .conftest import FEDSGD, LENET, MNIST_AUX, ROOT, SAMPLES
 
 MODELS = SAMPLES / "models"
 NO_LEAK = ["--threshold", "labels_critical=1.01", "--threshold", "labels_high=1.01",
@@ -309,3 +309,32 @@ def test_bad_jobs_are_one_line(gleak) -> None:
     for bad in ("0", "-1", "two", "257", "1.5"):
         r = gleak("audit", FEDSGD, "-M", LENET, "--jobs", bad)
         assert r.exit_code == 2 and "--jobs must be auto" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+ENV_VALUES = {"budget": "quick", "fail_on": "low", "fail_rounds": "last:2", "format": "json", "executor": "local",
+              "address": "127.0.0.1:6379", "jobs": "2"}
+
+
+def test_show_config_names_the_variable_each_setting_was_read_from(gleak, tmp_path: Path, monkeypatch) -> None:
+    """Every GLEAK_* variable the audit reads, set alone: --show-config names that very variable as the source."""
+    import re
+
+    import typer
+
+    from gleak.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    audit = typer.main.get_command(app).commands["audit"]  # type: ignore[attr-defined]
+    declared = {p.name: p.envvar for p in audit.params if getattr(p, "envvar", None)}
+    assert set(declared) == set(ENV_VALUES)
+    source = "\n".join(p.read_text() for p in (ROOT / "gleak").rglob("*.py"))
+    assert set(re.findall(r"\bGLEAK_[A-Z_]+\b", source)) == {*declared.values(), "GLEAK_THREADS"}
+    for key, variable in declared.items():
+        for other in declared.values():
+            monkeypatch.delenv(other, raising=False)
+        monkeypatch.setenv(variable, ENV_VALUES[key])
+        r = gleak("audit", "--show-config", *([] if key == "format" else ["--format", "json"]))
+        assert r.exit_code == 0, (variable, r.stderr)
+        shown = json.loads(r.stdout)[key]
+        assert shown["from"] == f"environment ({variable})", key
+        assert str(shown["value"]) == ENV_VALUES[key] or shown["value"] == int(ENV_VALUES[key])

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import pickle
+import threading
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -321,7 +323,7 @@ def test_missing_or_corrupt_weight_is_one_error_line(gleak: Any, files: dict[str
     entry = weight_entry(files["dynamic"], "fc1.weight")
     cases = {
         "missing": ({entry: None}, f"{entry}' (weight 'fc1.weight') is missing"),
-        "ragged": ({entry: b"\0" * 101}, "not a multiple of element size"),
+        "ragged": ({entry: b"\0" * 101}, "multiple of element size"),  # torch < 2.13: "must be a multiple"
         "short": ({entry: b"\0" * 400}, "out of bounds"),
     }
     for name, (change, expected) in cases.items():
@@ -446,3 +448,76 @@ def test_inspect_lists_what_applies(gleak: Any, files: dict[str, Path]) -> None:
     assert script["ilrg"] is None and script["llg"] is None and "TorchScript" in script["zlg"]
     assert static["zlg"] is None and "exactly 1" in static["dlg"]
     assert dynamic["zlg"] is None and dynamic["dlg"] is None
+
+
+# ------------------------------------------------------------------------------------------ inside a host process
+
+
+class HostObject:
+    """What a host program (a Flower or Ray server) unpickles all the time: an instance of its own class."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostObject) and other.value == self.value
+
+
+def test_a_host_thread_keeps_unpickling_and_logging_while_gleak_loads_models(
+        files: dict[str, Path], tmp_path: Path) -> None:
+    """gleak as a library: its safety checks act in the loading thread only. A host thread that unpickles in full,
+    calls torch.load and logs on a torch logger throughout sees no error and loses no record, while the main thread
+    loads .pt2 and TorchScript models and hostile archives are still refused."""
+    marker = tmp_path / "MARKER"
+    hostile = [PAYLOADS[name](files["dynamic"], tmp_path / f"{name}.pt2", marker)[0]
+               for name in ("weight", "sample_inputs", "sympy_expression")]
+    blob = pickle.dumps({"object": HostObject(7), "numbers": [1, 2.5]})
+    tensors = saved({"w": torch.arange(3.0)})
+    seen: list[logging.LogRecord] = []
+    host_logger = logging.getLogger("torch.gleak_host_test")
+    collect = logging.Handler()
+    collect.emit = seen.append  # type: ignore[method-assign]
+    host_logger.addHandler(collect)
+    loading, stop = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    counts = {"calls": 0, "during_loads": 0, "logged": 0}
+
+    def host() -> None:
+        while not stop.is_set():
+            during = loading.is_set()
+            try:
+                assert pickle.loads(blob)["object"] == HostObject(7)
+                assert pickle.load(io.BytesIO(blob))["numbers"] == [1, 2.5]
+                assert torch.load(io.BytesIO(tensors), weights_only=False)["w"].tolist() == [0.0, 1.0, 2.0]
+                host_logger.warning("host record %d", counts["calls"])
+                counts["logged"] += 1
+            except BaseException as exc:  # every failure in the host counts
+                errors.append(exc)
+            counts["calls"] += 1
+            counts["during_loads"] += during
+
+    thread = threading.Thread(target=host)
+    thread.start()
+    try:
+        for _ in range(4):
+            loading.set()
+            try:
+                load_model(files["dynamic"])
+                load_model(files["script"])
+                for path in hostile:
+                    with pytest.raises(GleakError, match="--trust-pickle"):
+                        load_model(path)
+            finally:
+                loading.clear()
+    finally:
+        stop.set()
+        thread.join()
+        host_logger.removeHandler(collect)
+    assert errors == [], f"{len(errors)} of the host's {counts['calls']} calls failed, first: {errors[:1]}"
+    assert counts["during_loads"] > 0  # the host did run while gleak was loading
+    assert len(seen) == counts["logged"] > 0
+    assert not marker.exists()
+    assert (torch.load, pickle.loads, pickle.load, torch._C._pickle_load_obj) == ORIGINALS
+
+
+ORIGINALS = (torch.load, pickle.loads, pickle.load, torch._C._pickle_load_obj)

@@ -12,7 +12,7 @@ import typer
 from gleak import __version__
 from gleak.cli.attacks_cmd import attacks
 from gleak.cli.audit_cmd import audit
-from gleak.cli.common import GleakCommand, GleakGroup, ThreadsOpt
+from gleak.cli.common import GleakCommand, GleakGroup, ThreadsOpt, remember_threads
 from gleak.cli.defend_cmd import defend, defenses
 from gleak.cli.inspect_cmd import inspect
 from gleak.cli.labels_cmd import labels
@@ -25,7 +25,7 @@ app = typer.Typer(
     name="gleak",
     cls=GleakGroup,
     help="Audit how much private training data a federated-learning client leaks in its gradients or updates.",
-    no_args_is_help=True,
+    invoke_without_command=True,  # `gleak` alone prints the help (exit 0): see _root
     add_completion=False,
     pretty_exceptions_enable=False,
 )
@@ -39,11 +39,16 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print gleak's version and exit.", is_eager=True,
                                           callback=_show_version)] = False,
     threads: ThreadsOpt = None,
 ) -> None:
-    """Global options; the commands read --threads from the context when they run (see common.apply_threads)."""
+    """Global options; the commands read --threads when they run (common.requested_threads, apply_threads)."""
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    remember_threads(ctx, threads)
 
 
 for _command in (inspect, attacks, defenses, simulate, defend, labels, reconstruct, audit, sweep):

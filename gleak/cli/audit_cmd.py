@@ -17,6 +17,7 @@ from gleak.cli.common import (
     DeviceOpt,
     ForceOpt,
     JobsOpt,
+    LpipsNetwork,
     LpipsOpt,
     MaxMemoryOpt,
     QuietOpt,
@@ -82,7 +83,7 @@ def audit(
     threshold: Annotated[list[str] | None, typer.Option("--threshold", help="Override a severity threshold, "
                                                         "NAME=VALUE (repeatable; names and defaults in "
                                                         "docs/audit.md).")] = None,
-    lpips: LpipsOpt = "alex",
+    lpips: LpipsOpt = LpipsNetwork.alex,
     confidence: Annotated[int, typer.Option("--confidence", callback=number(0, 1000), help="Captures without "
                                             "ground truth: calibrate the label attacks on this many batches "
                                             "simulated from --aux like the capture's (GLEAK-LABELS-EXPECTED; 0: "
@@ -126,7 +127,7 @@ def audit(
 
     loaded = find_config(config_file)
     given = {"budget": budget, "fail_on": fail_on, "fail_rounds": fail_rounds,
-             "format": format, "lpips": lpips, "jobs": jobs, "seed": seed,
+             "format": format, "lpips": str(lpips), "jobs": jobs, "seed": seed,
              "device": device, "model": model, "aux": aux, "arch": arch, "arch_kwargs": arch_kwargs,
              "threshold": threshold, "option": option, "executor": executor, "address": address}
     effective, sources = merge_config(ctx, given, loaded)
@@ -234,19 +235,34 @@ OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
                "aux", "arch", "arch_kwargs", "threshold", "option")
 
 
+def _source_name(ctx: typer.Context, key: str) -> str | None:
+    """Where Click took parameter ``key`` from, by name (COMMANDLINE, ENVIRONMENT, DEFAULT, …): the enum's class is
+    Click's or Typer's private copy of it, depending on the Typer installed, and its names are the same in both."""
+    source = ctx.get_parameter_source(key)
+    return None if source is None else str(source.name)
+
+
+def _envvar(ctx: typer.Context, key: str) -> str:
+    """The environment variable that parameter ``key`` reads, as declared on its option (``--address`` reads
+    GLEAK_RAY_ADDRESS: the name is never rebuilt from the key)."""
+    for param in ctx.command.params:
+        if param.name == key:
+            names = param.envvar
+            return names if isinstance(names, str) else ", ".join(names or ())
+    raise KeyError(key)  # pragma: no cover - every OPTION_KEYS entry is a parameter of audit
+
+
 def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """Flags > GLEAK_* environment > config file > defaults: the effective values and where each came from."""
-    from gleak.cli.common import ParameterSource
-
     effective: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for key in OPTION_KEYS:
-        source = ctx.get_parameter_source(key)
+        source = _source_name(ctx, key)
         value = given[key]
-        if source == ParameterSource.COMMANDLINE and value not in (None, []):
+        if source == "COMMANDLINE" and value not in (None, []):
             effective[key], sources[key] = value, "command line"
-        elif source == ParameterSource.ENVIRONMENT:
-            effective[key], sources[key] = value, "environment (GLEAK_" + key.upper() + ")"
+        elif source == "ENVIRONMENT":
+            effective[key], sources[key] = value, f"environment ({_envvar(ctx, key)})"
         elif (from_file := loaded.audit_value(key)) is not None:
             if key == "threshold":
                 from_file = [f"{k}={v}" for k, v in from_file.items()]
@@ -258,7 +274,7 @@ def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tupl
             effective[key], sources[key] = from_file, f"config {loaded.where(key)}"
         else:
             effective[key], sources[key] = value, "default"
-    if ctx.get_parameter_source("threshold") == ParameterSource.COMMANDLINE and loaded.audit_value("threshold"):
+    if _source_name(ctx, "threshold") == "COMMANDLINE" and loaded.audit_value("threshold"):
         merged = {f"{k}": f"{k}={v}" for k, v in loaded.audit_value("threshold").items()}
         merged.update({item.partition("=")[0].strip(): item for item in given["threshold"] or []})
         effective["threshold"], sources["threshold"] = list(merged.values()), "config file, then the command line"

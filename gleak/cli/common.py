@@ -11,6 +11,7 @@ help and checks cannot drift apart. Help text is shown literally (``pip install 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fnmatch
 import functools
 import importlib
@@ -21,6 +22,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
@@ -29,20 +31,22 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from gleak.errors import TRUTH_CONTRADICTION, GleakError, shorten
+from gleak.errors import TRUTH_CONTRADICTION, GleakError, did_you_mean, shorten
 
-try:  # typer ≥ 0.22 vendors click as typer._click; older typer (flwr pins < 0.21) uses click itself
-    from typer._click import exceptions as click_exceptions
-    from typer._click import globals as click_globals
-    from typer._click.core import Group as ClickGroup
-    from typer._click.core import ParameterSource as ParameterSource
-    from typer._click.types import Choice
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as click_exceptions  # type: ignore[no-redef,unused-ignore]
-    from click import globals as click_globals  # type: ignore[no-redef,unused-ignore]
-    from click.core import Group as ClickGroup  # type: ignore[assignment,no-redef,unused-ignore]
-    from click.core import ParameterSource as ParameterSource  # type: ignore[assignment,no-redef,unused-ignore]
-    from click.types import Choice  # type: ignore[assignment,no-redef,unused-ignore]
+
+def _click_class(name: str) -> type[Exception]:
+    """Click's exception class ``name`` (``UsageError``, ``ClickException``), found through Typer's public
+    ``typer.BadParameter``: Typer up to 0.25 raises Click's own classes, Typer 0.26 and later a private vendored copy
+    (``typer._click``) that other programs must not import. Both keep Click's hierarchy, BadParameter ⊂ UsageError ⊂
+    ClickException, so the ancestors of the public class are the classes the installed Typer raises."""
+    for cls in typer.BadParameter.__mro__:
+        if cls.__name__ == name:
+            return cast(type[Exception], cls)
+    raise ImportError(f"typer.BadParameter does not derive from {name}: an unsupported Typer")  # pragma: no cover
+
+
+UsageError = _click_class("UsageError")
+ClickException = _click_class("ClickException")
 
 if TYPE_CHECKING:
     import torch
@@ -131,21 +135,36 @@ def gigabytes(value: float | None) -> int | None:
 BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.",
                                                   callback=number(1, MAX_BATCH))]
 
-LPIPS_NETWORKS = ("alex", "vgg", "off")
-LpipsOpt = Annotated[str, typer.Option("--lpips", click_type=Choice(LPIPS_NETWORKS),
-                                       help="LPIPS network for the image scores (off: no LPIPS).")]
+class LpipsNetwork(StrEnum):
+    """``--lpips``: the LPIPS network of the image scores (a str, so it compares and serialises as its name)."""
+
+    alex = "alex"
+    vgg = "vgg"
+    off = "off"
+
+
+LPIPS_NETWORKS = tuple(n.value for n in LpipsNetwork)
+
+
+def _plain_name(ctx: Any, param: Any, value: Any) -> Any:
+    """An enum choice handed on as its plain name (``"alex"``), as the runs and reports expect."""
+    return value.value if isinstance(value, StrEnum) else value
+
+
+LpipsOpt = Annotated[LpipsNetwork, typer.Option("--lpips", callback=_plain_name,
+                                                help="LPIPS network for the image scores (off: no LPIPS).")]
 
 
 def _truth_given(ctx: Any, param: Any, value: Any) -> Any:
     """--truth FILE after (or before) --no-truth: a usage error, whichever Click reads second."""
     if value is not None and not ctx.resilient_parsing and ctx.params.get("no_truth"):
-        raise click_exceptions.UsageError(TRUTH_CONTRADICTION, ctx)
+        raise UsageError(TRUTH_CONTRADICTION, ctx)
     return value
 
 
 def _no_truth_given(ctx: Any, param: Any, value: Any) -> Any:
     if value and not ctx.resilient_parsing and ctx.params.get("truth") is not None:
-        raise click_exceptions.UsageError(TRUTH_CONTRADICTION, ctx)
+        raise UsageError(TRUTH_CONTRADICTION, ctx)
     return value
 
 
@@ -235,10 +254,17 @@ def _plain_placeholders(params: list[Any]) -> list[Any]:
             setattr(param, "display_type_rich", functools.partial(_shown, shown))  # PATH, not <list[Path]>  # noqa: B010
         elif getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""  # a flag takes no value
-        elif param.metavar is None and not isinstance(param.type, Choice):  # PATH, TEXT, N, NUMBER rather than
+        elif param.metavar is None and not _is_choice(param):  # PATH, TEXT, N, NUMBER rather than
             # <list[Path]>, <str>, <int>; a choice keeps Click's [alex|vgg|off]
             param.metavar = _placeholder(getattr(getattr(param, "type_descriptor", None), "annotation", None))
     return params
+
+
+def _is_choice(param: Any) -> bool:
+    """Whether ``param`` takes one of fixed choices: Click's ``param.type`` (Typer ≤ 0.28) or Typer 0.29's
+    ``param.type_descriptor`` has them."""
+    kind = getattr(param, "type", None) or getattr(param, "type_descriptor", None)
+    return bool(getattr(kind, "choices", None))
 
 
 def _shown(text: str | None, ctx: Any = None) -> str | None:
@@ -278,7 +304,8 @@ def _literal_help(command: Any, ctx: Any) -> Iterator[None]:
                 swap(command, attr)
             for param in command.get_params(ctx):
                 swap(param, "help")
-            for sub in (command.commands.values() if isinstance(command, ClickGroup) else ()):
+            subcommands = getattr(command, "commands", None)
+            for sub in (subcommands.values() if isinstance(subcommands, Mapping) else ()):
                 for attr in ("help", "short_help"):
                     swap(sub, attr)
         yield
@@ -314,12 +341,23 @@ class GleakGroup(TyperGroup):
         with _literal_help(self, ctx):
             super().format_help(ctx, formatter)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.suggest_commands = False  # resolve_command suggests once, whichever Click or Typer is installed
+
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
-        """An unknown command's "Did you mean …?" once: Click ≥ 8.4 suggests close names itself (NoSuchCommand),
-        and Typer's TyperGroup appends its own suggestion to the same message; skip Typer's where Click has one."""
-        if hasattr(click_exceptions, "NoSuchCommand"):
-            return ClickGroup.resolve_command(self, ctx, args)
-        return super().resolve_command(ctx, args)
+        """An unknown command's "Did you mean …?" exactly once: Click ≥ 8.4 suggests close names itself, older Click
+        does not, and Typer's own suggestion (turned off above) would repeat Click's."""
+        try:
+            return super().resolve_command(ctx, args)
+        except UsageError as e:
+            message = str(getattr(e, "message", ""))
+            shown = e.format_message()  # type: ignore[attr-defined]  # Click ≥ 8.4 adds its suggestion here
+            if args and "did you mean" not in shown.lower():
+                hint = did_you_mean(args[0], sorted(self.commands))
+                if hint:
+                    e.message = message.rstrip(".") + hint  # type: ignore[attr-defined]
+            raise
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
@@ -329,15 +367,12 @@ class GleakGroup(TyperGroup):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click_exceptions.NoArgsIsHelpError as e:
-            typer.echo(e.ctx.get_help() if e.ctx is not None else str(e))
-            sys.exit(0)
-        except click_exceptions.ClickException as e:
+        except ClickException as e:
             hint = ""
             ctx = getattr(e, "ctx", None)
-            if isinstance(e, click_exceptions.UsageError):
+            if isinstance(e, UsageError):
                 hint = f" (see '{ctx.command_path if ctx is not None else 'gleak'} --help')"
-            fail(e.format_message() + hint)
+            fail(e.format_message() + hint)  # type: ignore[attr-defined]
             sys.exit(2)
         except typer.Abort:
             fail("aborted")
@@ -410,14 +445,23 @@ def default_threads() -> int:
     return 1
 
 
+_CLI_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("gleak_cli_threads", default=None)
+
+
+def remember_threads(ctx: Any, threads: int | None) -> None:
+    """The root command's ``--threads`` (or GLEAK_THREADS, which Click reads for it), for :func:`requested_threads`
+    while this invocation runs; forgotten when its context closes, so a later call in the same process (a test, a
+    host program) never sees it."""
+    token = _CLI_THREADS.set(threads)
+    ctx.call_on_close(lambda: _CLI_THREADS.reset(token))
+
+
 def requested_threads() -> int | None:
     """The thread count asked for: ``gleak --threads N`` (or GLEAK_THREADS, which Click reads for it) when
     running under the CLI, else GLEAK_THREADS; None when neither is set."""
-    ctx = click_globals.get_current_context(silent=True)
-    if ctx is not None:
-        value = ctx.find_root().params.get("threads")
-        if value is not None:
-            return int(value)
+    value = _CLI_THREADS.get()
+    if value is not None:
+        return int(value)
     text = os.environ.get(THREADS_ENV, "").strip()
     if not text:
         return None

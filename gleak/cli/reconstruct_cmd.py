@@ -19,6 +19,7 @@ from gleak.cli.common import (
     DeviceOpt,
     FcLayerOpt,
     ForceOpt,
+    LpipsNetwork,
     LpipsOpt,
     NeededModelOpt,
     NoTruthOpt,
@@ -78,7 +79,7 @@ def reconstruct(
     signed: Annotated[bool, typer.Option("--signed", help="Adam on the signed gradient (Inverting Gradients' "
                                          "variant).")] = False,
     option: AttackOptionsOpt = None,
-    lpips: LpipsOpt = "alex",
+    lpips: LpipsOpt = LpipsNetwork.alex,
     batch_size: BatchSizeOpt = None,
     format: Annotated[str, typer.Option("--format", help="table or json (metrics on stdout).")] = "table",
     arch: ArchOpt = None,
@@ -109,7 +110,7 @@ def reconstruct(
         inputs=InputSpec(capture, ModelSpec(model, arch, arch_kwargs, trust_pickle), aux, truth, no_truth, fc_layer,
                          device, seed, batch_size, allow_model_mismatch=allow_model_mismatch),
         attack=attack, labels=labels, generator=generator, flags=flags,
-        options=parse_option_assignments(option or []), lpips=lpips)
+        options=parse_option_assignments(option or []), lpips=str(lpips))
     request.check()  # every option, before any file is read or written
     check_output_folder(output, force, FIXED_OUTPUTS, ("recon_*.png", "truth_*.png"))
     run = _run_with_progress(request, quiet or format == "json")

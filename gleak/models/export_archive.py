@@ -18,7 +18,9 @@ Two lines of defence, both skipped when the user trusts the file (``--trust-pick
   ``torch._C._pickle_load_obj`` and the AOTInductor loader raise; ``sympy.sympify`` refuses unsafe text.
   :func:`check_program` then vets the loaded program's call targets and guard code before ``module()`` runs.
 
-Torch's own logging during the load is captured, so a failing file yields one line of text.
+Torch's own logging during the load is captured, so a failing file yields one line of text. The guard and the capture
+act in the loading thread only (:mod:`gleak.models.thread_scope`): the other threads of a host program that imports
+gleak keep unpickling and logging undisturbed.
 """
 
 from __future__ import annotations
@@ -32,10 +34,9 @@ import operator
 import pickle
 import pickletools
 import re
-import warnings
 import zipfile
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -45,6 +46,7 @@ import torch
 
 from gleak.errors import GleakError, shorten
 from gleak.io import show
+from gleak.models.thread_scope import Override, logs_captured, overridden, warnings_dropped
 
 MAX_JSON_BYTES = 256 * 1024 * 1024
 MAX_BLOB_BYTES = 4 * 1024 * 1024 * 1024  # sample inputs and legacy blobs read whole for inspection
@@ -145,7 +147,7 @@ class _Inspector:
 
     def cross_check(self, path: Path, root: str) -> None:
         """torch reads the archive with its own zip reader: both must see the same entries."""
-        try:
+        try:  # torch internal: the zip reader torch.export.load itself uses (a differential to rule out)
             reader = torch._C.PyTorchFileReader(str(path))
             theirs = set(reader.get_all_records())
         except Exception:  # torch cannot open it either; loading fails before reading anything
@@ -257,7 +259,7 @@ def pickle_problem(data: bytes) -> str | None:
 
 def _weights_only_globals() -> set[str]:
     """Globals torch's weights-only unpickler accepts (its defaults and those the user marked safe)."""
-    try:
+    try:  # torch internal: the allow-list itself is not public (torch.serialization only adds to it)
         from torch import _weights_only_unpickler as wo
 
         return set(wo._get_allowed_globals()) | set(wo._get_user_allowed_globals())
@@ -360,7 +362,7 @@ def _sympy_classes() -> frozenset[str]:
     torch's sympy.Basic subclasses. Classes only; sympy's functions (sympify, S, lambdify, ...) evaluate text."""
     try:
         import sympy
-        import torch.utils._sympy.functions as functions
+        import torch.utils._sympy.functions as functions  # torch internal: the sympy classes its shapes use
     except ImportError:
         return frozenset()
     found: set[str] = set()
@@ -443,6 +445,7 @@ def check_program(program: Any, path: Path) -> None:
             if node.op == "call_function" and not _callable_allowed(node.target):
                 raise UnsafeArchiveError(f"{where}: node {node.name!r} calls {shorten(repr(node.target), 80)}, "
                                          f"which is not a PyTorch operator; {REFUSE}")
+    # torch internal: the guard code program.module() exec's has no public accessor
     for code in getattr(program, "_guards_code", None) or []:
         if not guard_text_safe(code):
             raise UnsafeArchiveError(f"{where}: guard code {shorten(repr(code), 80)} is not a plain shape check; "
@@ -450,6 +453,7 @@ def check_program(program: Any, path: Path) -> None:
 
 
 def _callable_allowed(target: Any) -> bool:
+    # torch internal: the operator classes are only exposed through torch._ops
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
         return True
     module, name = getattr(target, "__module__", None), getattr(target, "__name__", "")
@@ -486,92 +490,64 @@ class LoadGuard:
         return exc
 
 
-class _Collect(logging.Handler):
-    def __init__(self, records: list[logging.LogRecord]) -> None:
-        super().__init__(logging.DEBUG)
-        self.records = records
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @contextmanager
 def guard_load(path: Path, trusted: bool) -> Iterator[LoadGuard]:
-    """Run a torch.export load inside: torch's logs and warnings are captured (nothing reaches stderr) and,
-    unless ``trusted``, every unpickling or unsafe evaluation entry point raises instead of running."""
+    """Run a torch.export load inside: what torch logs or warns from this thread is captured (nothing reaches stderr)
+    and, unless ``trusted``, every unpickling or unsafe evaluation entry point raises instead of running.
+
+    Both act in the calling thread only (:mod:`gleak.models.thread_scope`): a host program's other threads keep
+    unpickling, loading and logging as before while gleak vets a file."""
     guard = LoadGuard(path)
-    with ExitStack() as stack:
-        stack.enter_context(warnings.catch_warnings())
-        warnings.simplefilter("ignore")
-        stack.enter_context(_capture_torch_logs(guard.records))
-        if not trusted:
-            for owner, name, replacement in _safe_replacements(guard):
-                stack.enter_context(_patched(owner, name, replacement))
+    overrides: list[Override] = [warnings_dropped()]
+    if not trusted:
+        overrides += _safe_replacements(guard)
+    with logs_captured(guard.records), overridden(overrides):
         yield guard
 
 
-@contextmanager
-def _capture_torch_logs(records: list[logging.LogRecord]) -> Iterator[None]:
-    handler = _Collect(records)
-    saved: list[tuple[logging.Logger, list[logging.Handler], bool]] = []
-    loggers = [logging.getLogger("torch")] + [
-        lg for name, lg in list(logging.root.manager.loggerDict.items())
-        if name.startswith("torch.") and isinstance(lg, logging.Logger) and (lg.handlers or not lg.propagate)
-    ]
-    for lg in loggers:
-        saved.append((lg, lg.handlers, lg.propagate))
-        lg.handlers, lg.propagate = [handler], False
-    try:
-        yield
-    finally:
-        for lg, handlers, propagate in saved:
-            lg.handlers, lg.propagate = handlers, propagate
+def _safe_replacements(guard: LoadGuard) -> list[Override]:
+    """The entry points through which torch.export.load could unpickle, evaluate or load native code. Torch has no
+    public hook for what its loader may run, so two of them are torch internals: ``torch._C._pickle_load_obj``
+    (TorchScript and opaque objects), ``pt2_archive._package._load_aoti`` (AOTInductor libraries); each is covered
+    by tests/test_model_formats.py (payload tests) and checked to exist by tests/test_public_api.py."""
 
+    def load(original: Callable[..., Any]) -> Callable[..., Any]:
+        def weights_only(f: Any, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
+            if weights_only is False:
+                raise guard.refuse("unpickle data with torch.load(weights_only=False)")
+            return original(f, *args, weights_only=True, **kwargs)
+        return weights_only
 
-@contextmanager
-def _patched(owner: Any, name: str, replacement: Any) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
+    def refuse(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def refused(*_args: Any, **_kwargs: Any) -> Any:
+                raise guard.refuse(what)
+            return refused
+        return make
 
-
-def _safe_replacements(guard: LoadGuard) -> list[tuple[Any, str, Any]]:
-    real_load = torch.load
-
-    def load(f: Any, *args: Any, weights_only: bool | None = None, **kwargs: Any) -> Any:
-        if weights_only is False:
-            raise guard.refuse("unpickle data with torch.load(weights_only=False)")
-        return real_load(f, *args, weights_only=True, **kwargs)
-
-    def refuse(what: str) -> Callable[..., Any]:
-        def refused(*_args: Any, **_kwargs: Any) -> Any:
-            raise guard.refuse(what)
-        return refused
-
-    out: list[tuple[Any, str, Any]] = [
+    out: list[Override] = [
         (torch, "load", load),
         (pickle, "loads", refuse("unpickle an object with pickle.loads")),
         (pickle, "load", refuse("unpickle an object with pickle.load")),
+        # torch internal: the C++ unpickler of TorchScript/opaque objects, which torch.export.load calls directly
         (torch._C, "_pickle_load_obj", refuse("unpickle a TorchScript object")),
     ]
-    try:
+    try:  # torch internal: the AOTInductor loader (native code) of torch.export.load
         from torch.export.pt2_archive import _package
 
-        out.append((_package, "_load_aoti", refuse("load AOTInductor native code")))
+        if hasattr(_package, "_load_aoti"):  # torch internal (above); older torch loads AOTI elsewhere
+            out.append((_package, "_load_aoti", refuse("load AOTInductor native code")))
     except ImportError:
         pass
     try:
         import sympy
 
-        real_sympify = sympy.sympify
-
-        def sympify(a: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(a, str) and not sympy_text_safe(a):
-                raise guard.refuse(f"evaluate the expression {shorten(repr(a), 80)}")
-            return real_sympify(a, *args, **kwargs)
+        def sympify(original: Callable[..., Any]) -> Callable[..., Any]:
+            def checked(a: Any, *args: Any, **kwargs: Any) -> Any:
+                if isinstance(a, str) and not sympy_text_safe(a):
+                    raise guard.refuse(f"evaluate the expression {shorten(repr(a), 80)}")
+                return original(a, *args, **kwargs)
+            return checked
 
         out.append((sympy, "sympify", sympify))
     except ImportError:

@@ -18,7 +18,6 @@ import pickletools
 import struct
 import sys
 import types
-import warnings
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from gleak.io import (
     tensors_sha256,
 )
 from gleak.models.export_archive import _weights_only_globals, check_archive, check_program, guard_load
+from gleak.models.thread_scope import overridden, warnings_dropped
 from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
 
 TORCHVISION_INPUT_SHAPE = (3, 224, 224)
@@ -473,8 +473,7 @@ def _export_input_shape(program: Any) -> tuple[int, ...] | None:
 
 def _load_torchscript(file: Path) -> LoadedModel:
     try:
-        with warnings.catch_warnings():  # torch.jit.load's deprecation notice is not the user's problem
-            warnings.simplefilter("ignore")
+        with overridden([warnings_dropped()]):  # torch.jit.load's deprecation notice is not the user's problem
             module = torch.jit.load(str(file), map_location="cpu")
     except Exception as exc:
         raise GleakError(f"{file} is not a loadable TorchScript archive: {_why(exc)}") from None
@@ -600,8 +599,7 @@ def _load_torch(
     trusted = False
     try:
         # torch warns about what its safe unpickler may not read (e.g. pickle protocol 4); the error says it all
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with overridden([warnings_dropped()]):
             obj = torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as exc:
         if not _is_weights_only_failure(exc):
@@ -637,8 +635,7 @@ def _unpickle_trusted(file: Path) -> Any:
         raw = not zipfile.is_zipfile(file) and not _is_torch_legacy(head)
         # The classes a pickled module names live in the user's code: found as --arch finds a factory's
         # module, on sys.path first, then in the working directory (appended to the path while unpickling).
-        with _cwd_last_on_path(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _cwd_last_on_path(), overridden([warnings_dropped()]):
             if raw:
                 with open(file, "rb") as f:
                     return pickle.load(f)  # the user vouched for this file with --trust-pickle

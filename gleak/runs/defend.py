@@ -39,7 +39,7 @@ def run_defend(source: Path, defenses: list[Defense], output: Path, seed: int = 
         check_writable(truth_path_for(output), force)
     defended = apply_defenses(capture, defenses, seed)
     with OutputSet(output.parent, force) as out:  # both files or neither
-        save_capture(defended, out.path(output.name), force=force)
+        save_capture(defended, out.path(output.name), force=force, clock=False)  # the input's time, if any
         if truth is not None:
             save_truth(truth, out.path(truth_path_for(output).name), capture_path=out.path_of(output.name),
                        force=force)

@@ -55,6 +55,7 @@ from gleak.report.model import (
     SweepSettings,
     SweepUtility,
 )
+from gleak.reproducible import zero_timings
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, default_max_memory, resolve_device, soft_truth
 from gleak.simulate import ClientConfig, simulate_client
 
@@ -579,8 +580,8 @@ def run_sweep(request: SweepRequest, progress: Progress | None = None) -> SweepR
         mine = [r for r in rows if r.attack == attack]
         if all(r.trials == 0 for r in mine):
             notices.append(f"{attack} gave no answer at any point ({mine[0].reason or 'no reason recorded'})")
-    return SweepReport(gleak_version=__version__, settings=settings, defenses=defenses, rows=rows,
-                       notices=notices, seconds=round(time.perf_counter() - started, 3))
+    return zero_timings(SweepReport(gleak_version=__version__, settings=settings, defenses=defenses, rows=rows,
+                                    notices=notices, seconds=round(time.perf_counter() - started, 3)))
 
 
 def _round(value: float) -> float:
