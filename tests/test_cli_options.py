@@ -42,7 +42,7 @@ tiny = typer.Typer(cls=GleakGroup, add_completion=False, pretty_exceptions_enabl
 def run(lpips: LpipsOpt = LpipsNetwork.alex, truth: TruthOpt = None, no_truth: NoTruthOpt = False,
         batch_size: BatchSizeOpt = None) -> None:
     """Needs pip install 'gleak[ray]' and [tool.gleak] in pyproject.toml."""
-    typer.echo(json.dumps({"lpips": lpips, "lpips_type": type(lpips).__name__, "truth": str(truth),
+    typer.echo(json.dumps({"lpips": lpips, "lpips_is_str": isinstance(lpips, str), "truth": str(truth),
                            "no_truth": no_truth, "batch_size": batch_size}))
 
 
@@ -55,7 +55,7 @@ def test_lpips_is_a_choice_shown_in_help_and_a_bad_value_is_one_usage_line() -> 
     code, out, _ = invoke(tiny, "run", "--help")
     assert code == 0 and ("[alex|vgg|off]" in out or "<alex|vgg|off>" in out)  # Click's brackets, Typer 0.29's
     code, out, err = invoke(tiny, "run", "--lpips", "vgg")
-    assert code == 0 and json.loads(out)["lpips"] == "vgg" and json.loads(out)["lpips_type"] == "str"
+    assert code == 0 and json.loads(out)["lpips"] == "vgg" and json.loads(out)["lpips_is_str"]
     code, out, err = invoke(tiny, "run", "--lpips", "squeeze")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error:") and "'squeeze' is not one of 'alex', 'vgg', 'off'" in err

@@ -72,33 +72,34 @@ def test_simulate_twice_with_source_date_epoch_gives_the_same_bytes(
     assert load_capture(tmp_path / "sim0.safetensors").meta["gleak.created_at"] == "2026-01-01T00:00:00+00:00"
 
 
+def folder_twice(gleak, out: Path, *args: object) -> dict[str, bytes]:
+    """Run ``gleak *args`` (writing into ``out``) twice; the files of each run must be byte-identical."""
+    runs = []
+    for _ in range(2):
+        result = gleak(*args, "-o", out, "--force", "-q")
+        assert result.exit_code == 0, result.stderr
+        runs.append(files_of(out))
+    assert runs[0] == runs[1]
+    return runs[0]
+
+
 def test_audit_files_are_identical_with_source_date_epoch(
         gleak, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
-    runs = []
-    out = tmp_path / "audit"
-    for _ in range(2):
-        result = gleak("audit", B8, "--model", LENET, "--budget", "quick", "-o", out, "--format",
-                       "json,md,html,sarif,junit", "--fail-on", "none", "--force", "-q")
-        assert result.exit_code == 0, result.stderr
-        runs.append(files_of(out))
-    assert runs[0] == runs[1] and {"report.json", "report.md", "report.html", "report.sarif"} <= set(runs[0])
-    report = json.loads(runs[0]["report.json"])
+    files = folder_twice(gleak, tmp_path / "audit", "audit", B8, "--model", LENET, "--budget", "quick", "--format",
+                         "json,md,html,sarif,junit", "--fail-on", "none")
+    assert {"report.json", "report.md", "report.html", "report.sarif", "junit.xml"} <= set(files)
+    report = json.loads(files["report.json"])
     assert report["seconds"] == 0 and all(c["seconds"] == 0 for c in report["captures"])
 
 
 def test_sweep_files_are_identical_with_source_date_epoch(
         gleak, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
-    runs = []
-    out = tmp_path / "sweep"
-    for _ in range(2):
-        result = gleak("sweep", "--model", LENET, "--data", MNIST_CLIENT, "--defense", "gaussian=0.01,0.1",
-                       "--attack", "llg", "--trials", 1, "--batch-size", 4, "-o", out, "--force", "-q")
-        assert result.exit_code == 0, result.stderr
-        runs.append(files_of(out))
-    assert runs[0] == runs[1] and {"sweep.json", "sweep.md", "gaussian.png"} <= set(runs[0])
-    assert json.loads(runs[0]["sweep.json"])["seconds"] == 0
+    files = folder_twice(gleak, tmp_path / "sweep", "sweep", "--model", LENET, "--data", MNIST_CLIENT, "--defense",
+                         "gaussian=0.01,0.1", "--attack", "llg", "--trials", 1, "--batch-size", 4)
+    assert {"sweep.json", "sweep.md", "gaussian.png"} <= set(files)
+    assert json.loads(files["sweep.json"])["seconds"] == 0
 
 
 def test_timings_are_kept_without_source_date_epoch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -144,15 +144,7 @@ class LpipsNetwork(StrEnum):
 
 
 LPIPS_NETWORKS = tuple(n.value for n in LpipsNetwork)
-
-
-def _plain_name(ctx: Any, param: Any, value: Any) -> Any:
-    """An enum choice handed on as its plain name (``"alex"``), as the runs and reports expect."""
-    return value.value if isinstance(value, StrEnum) else value
-
-
-LpipsOpt = Annotated[LpipsNetwork, typer.Option("--lpips", callback=_plain_name,
-                                                help="LPIPS network for the image scores (off: no LPIPS).")]
+LpipsOpt = Annotated[LpipsNetwork, typer.Option("--lpips", help="LPIPS network for the image scores (off: no LPIPS).")]
 
 
 def _truth_given(ctx: Any, param: Any, value: Any) -> Any:

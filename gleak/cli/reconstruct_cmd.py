@@ -133,9 +133,11 @@ def _run_with_progress(request: ReconstructRequest, quiet: bool) -> ReconstructR
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), TextColumn("eta"),
                TimeRemainingColumn())
-    # a bar only on a terminal: logs (CI) get no redraw residue, and a failed run prints just its error line
-    with Progress(*columns, console=err_console, disable=quiet or not err_console.is_terminal,
-                  transient=True) as bar:
+    # a bar only on a terminal: logs (CI) get no redraw residue, and a failed run prints just its error line (no
+    # Progress at all otherwise: Rich before 14.3 prints an empty line when a disabled bar stops)
+    if quiet or not err_console.is_terminal:
+        return run_reconstruct(request)
+    with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("reconstruct", total=None, loss="—")
 
         def progress(p: ReconProgress) -> None:

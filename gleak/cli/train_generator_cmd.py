@@ -114,6 +114,22 @@ def train_generator(
         print_train_generator(console, report)
 
 
+class _NoBar:
+    """Stands in for a Rich Progress when no bar is shown (its updates do nothing)."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, *args: Any, **kwargs: Any) -> Any:
+        return 0
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 def _run_with_progress(request: TrainGeneratorRequest, show_bar: bool, verbose: bool) -> dict[str, Any]:
     """run_train_generator under a progress bar (on a terminal) or, with -v, one plain line per epoch on stderr."""
     from rich.progress import TimeRemainingColumn
@@ -125,7 +141,8 @@ def _run_with_progress(request: TrainGeneratorRequest, show_bar: bool, verbose: 
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("loss {task.fields[loss]}"),
                TextColumn("held-out MSE {task.fields[held]}"), TimeElapsedColumn(), TextColumn("eta"),
                TimeRemainingColumn())
-    with Progress(*columns, console=err_console, disable=not show_bar, transient=True) as bar:
+    # no Progress without a bar: Rich before 14.3 prints an empty line when a disabled bar stops
+    with (Progress(*columns, console=err_console, transient=True) if show_bar else _NoBar()) as bar:
         task = bar.add_task("features", total=None, loss="—", held="—")
         done = 0
 
