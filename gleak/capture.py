@@ -112,6 +112,8 @@ SCHEMA: dict[str, Field] = {
     "gleak.dp.sample_rate": Field("float", "DP-SGD: sample rate q the accountant used", minimum=0),
     "gleak.dp.steps": Field("int", "DP-SGD: noisy steps accounted", minimum=1),
     "gleak.dp.accountant": Field("enum", "DP-SGD: the accountant of gleak.dp.epsilon", ("rdp", "prv")),
+    "gleak.dp.target_epsilon": Field("float", "DP-SGD aimed at a target ε (dpsgd:epsilon=E): E; z was picked by "
+                                     "Opacus's get_noise_multiplier", minimum=0),
     "gleak.buffers": Field("str_list", "names of buffer tensors (e.g. BatchNorm statistics)"),
     "gleak.producer": Field("str", "what wrote the file"),
     "gleak.created_at": Field("str", "ISO-8601 creation time"),

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gleak.errors import GleakError, did_you_mean, shorten
+from gleak.errors import GleakError, Origin, did_you_mean, shorten
 
 if TYPE_CHECKING:
     from gleak.report.model import Thresholds
@@ -138,6 +138,17 @@ class FileSettings(BaseModel):
 
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     device: str | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str | None) -> str | None:
+        """auto, cpu, cuda or cuda:N, as --device takes it."""
+        import re
+
+        if value is None or value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,4}", value):
+            return value
+        hint = did_you_mean(value, ("auto", "cpu", "cuda"))
+        raise ValueError(f"must be auto, cpu, cuda or cuda:N, got {shorten(repr(value), 40)}{hint}")
     threads: int | None = Field(None, ge=1, le=1024)
     audit: AuditFileSettings = Field(default_factory=AuditFileSettings)
 
@@ -162,6 +173,13 @@ class LoadedConfig:
         if key not in TOP_KEYS and not self.table:
             section = "audit"
         return f"{self.path} [{section}]" if section else f"{self.path}"
+
+    def origin(self, key: str, flag: str) -> Origin:
+        """Where ``key`` (``fail_on``, ``option``) is set in this file, for an error about its value:
+        ``pyproject.toml [tool.gleak.audit]`` and ``fail-on`` (the file as :func:`config_error` names it)."""
+        parts = [] if key in TOP_KEYS else ["audit"]
+        name = "options" if key == "option" else key.replace("_", "-")
+        return Origin(flag, table=_at(_shown(self.path) if self.path else "?", _table(self.table, parts)), key=name)
 
 
 def find_config(explicit: Path | None = None, start: Path | None = None) -> LoadedConfig:
@@ -290,7 +308,16 @@ def config_error(file: str, prefix: str, error: ValidationError, data: Mapping[s
     key = key_path[-1] if key_path else "?"
     table = _table(prefix, [*parts, *key_path[:-1]])
     got = f", got {shorten(repr(first['input']), 60)}" if "input" in first and first["type"] != "value_error" else ""
+    if first["type"] == "literal_error" and isinstance(first.get("input"), str):  # fail-on = "hihg": 'high'?
+        got += did_you_mean(first["input"], _literal_choices(first))
     return f"{_at(file, table)} key '{shorten(key, 40)}': {message}{got}{more}"
+
+
+def _literal_choices(err: Any) -> list[str]:
+    """The values a literal_error allowed (``'info', 'low' or 'none'`` in its context), for a "did you mean"."""
+    import re
+
+    return re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
 
 
 def _plain_message(err: Any) -> str:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T", bound=str)
 
 
 TRUTH_CONTRADICTION = "--truth and --no-truth contradict each other; give one"
+LABELS_TRUTH_OFF = "--labels truth uses the ground truth, which --no-truth turns off; drop one of them"
 
 
 class GleakError(Exception):
@@ -50,11 +52,45 @@ def did_you_mean(name: str, choices: Iterable[str], most: int = 1) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close[:most])}?" if close else ""
 
 
-def choose(text: str, choices: Sequence[T], flag: str) -> T:
+@dataclass(frozen=True)
+class Origin:
+    """Where a setting's value came from, as an error names it: the flag (``--fail-on``), the environment variable
+    Click read it from (``env="GLEAK_FAIL_ON"``), or a config file's key (``table="pyproject.toml
+    [tool.gleak.audit]"``, ``key="fail-on"``). A value from a variable or a file is shown with its name, so the
+    line says what to fix and where."""
+
+    flag: str
+    env: str | None = None
+    table: str | None = None
+    key: str | None = None
+
+    def subject(self, value: object) -> str:
+        """``--fail-on``, ``GLEAK_FAIL_ON='hihg'`` or ``pyproject.toml [tool.gleak.audit] fail-on = 'hihg'``."""
+        shown = shorten(repr(value), 60)
+        if self.table is not None:
+            return f"{self.table} {self.key} = {shown}"
+        if self.env is not None:
+            return f"{self.env}={shown}"
+        return self.flag
+
+    def bad(self, value: object, problem: str, hint: str = "") -> str:
+        """One line for a bad value: ``--fail-on must be one of …, got 'hihg'; did you mean 'high'?``,
+        ``GLEAK_FAIL_ON='hihg' must be one of …; did you mean 'high'?`` or ``pyproject.toml [tool.gleak.audit] key
+        'fail-on': must be one of …, got 'hihg'; did you mean 'high'?`` (as :mod:`gleak.config` words the
+        problems it finds when it reads the file)."""
+        shown = shorten(repr(value), 60)
+        if self.table is not None:
+            return f"{self.table} key '{self.key}': {problem}, got {shown}{hint}"
+        if self.env is not None:
+            return f"{self.env}={shown} {problem}{hint}"
+        return f"{self.flag} {problem}, got {shown}{hint}"
+
+
+def choose(text: str, choices: Sequence[T], flag: str | Origin) -> T:
     """The choice equal to ``text`` (typed as the choices are, e.g. a Literal), or a one-line GleakError naming
-    ``flag``, the choices and the closest one."""
+    ``flag`` (or where the value came from: an :class:`Origin`), the choices and the closest one."""
     for choice in choices:
         if choice == text:
             return choice
-    raise GleakError(f"{flag} must be one of {', '.join(choices)}, got {shorten(repr(text), 40)}"
-                     f"{did_you_mean(text, choices)}")
+    origin = flag if isinstance(flag, Origin) else Origin(flag)
+    raise GleakError(origin.bad(text, f"must be one of {', '.join(choices)}", did_you_mean(text, choices)))

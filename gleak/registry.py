@@ -149,8 +149,8 @@ def resolve_options(owner: type[Configurable], given: Mapping[str, Any],
     except ValidationError as e:
         loc, msg, got = first_error(e, indices=False)
         key = loc.split(".")[0] if loc else ""
-        label = where(key) if key else f"{owner.name} options"
-        raise GleakError(f"{label}: {msg}{got if key else ''}") from None
+        label = where(key) if key else f"{flag} {owner.name}"  # a check across options (e.g. two that conflict)
+        raise GleakError(f"{label}: {msg.removeprefix('Value error, ')}{got if key else ''}") from None
 
 
 def first_error(e: ValidationError, *, indices: bool = True, limit: int = 200) -> tuple[str, str, str]:

@@ -25,7 +25,7 @@ from torch import nn
 from gleak.capture import Capture, Truth, capture_gradients, capture_update
 from gleak.data import Dataset
 from gleak.defenses import Defense, apply_defenses
-from gleak.defenses.dpsgd import dp_train, epsilon
+from gleak.defenses.dpsgd import DpSgdOptions, dp_train, epsilon, resolve
 from gleak.errors import GleakError
 from gleak.losses import LossSpec, client_loss, soft_targets
 
@@ -198,15 +198,15 @@ def _metadata(cfg: ClientConfig, data: Dataset, num_classes: int) -> dict[str, A
     return {k: v for k, v in meta.items() if v is not None}
 
 
-def _dp_train(local: nn.Module, batches: list[_Batch], config: ClientConfig, dp: Defense, device: torch.device,
-              gradient_only: bool) -> dict[str, torch.Tensor] | None:
-    """DP-SGD over the client's batches (:func:`gleak.defenses.dpsgd.dp_train`); FedProx's proximal term and
-    mixup are not supported with it."""
+def _dp_train(local: nn.Module, batches: list[_Batch], config: ClientConfig, options: DpSgdOptions,
+              device: torch.device, gradient_only: bool) -> dict[str, torch.Tensor] | None:
+    """DP-SGD over the client's batches (:func:`gleak.defenses.dpsgd.dp_train`) with ``options`` resolved
+    (:func:`gleak.defenses.dpsgd.resolve`); FedProx's proximal term and mixup are not supported with it."""
     if config.scheme == "fedprox":
         raise GleakError("dpsgd with FedProx is not supported: use --scheme fedavg or fedsgd")
     pairs = [(b.inputs.to(device), b.targets.to(device)) for b in batches]
     return dp_train(local, pairs, lambda params: _optimizer(params, config),
-                    lambda logits, targets: client_loss(logits, targets, config.loss), dp.options,  # type: ignore[arg-type]
+                    lambda logits, targets: client_loss(logits, targets, config.loss), options,
                     config.loss.reduction, config.seed, gradient_only)
 
 
@@ -239,16 +239,22 @@ def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
     if len(training) > 1:
         raise GleakError("give one training-time defense (dpsgd) at most")
     dp = training[0] if training else None
+    dp_options: DpSgdOptions | None = None
+    rate = 1.0
+    if dp is not None:  # z as given, or picked for a target ε at this client's q and steps, before training
+        given: DpSgdOptions = dp.options  # type: ignore[assignment]
+        rate = given.sample_rate or min(1.0, config.batch_size / len(data))
+        dp_options = resolve(given, rate, config.local_steps)
     if config.kind == "gradient":
         global_model.train(config.train_mode)
         b = batches[0]
         capture = capture_gradients(global_model, b.inputs.to(device), b.targets.to(device), config.loss, meta)
-        if dp is not None:
+        if dp_options is not None:
             local = copy.deepcopy(global_model).train(config.train_mode)
-            capture.tensors.update(_dp_train(local, batches, config, dp, device, gradient_only=True) or {})
-    elif dp is not None:
+            capture.tensors.update(_dp_train(local, batches, config, dp_options, device, gradient_only=True) or {})
+    elif dp_options is not None:
         local = copy.deepcopy(global_model).train(config.train_mode)
-        _dp_train(local, batches, config, dp, device, gradient_only=False)
+        _dp_train(local, batches, config, dp_options, device, gradient_only=False)
         buffers = [n for n, _ in local.named_buffers()]
         capture = capture_update(global_model.state_dict(), local.state_dict(), config.learning_rate,
                                  config.local_steps, config.batch_size, buffers,
@@ -271,10 +277,8 @@ def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
                                  config.local_steps, config.batch_size, buffers,
                                  {"gleak.kind": "update", **meta})
         capture.tensors = {k: v.cpu() for k, v in capture.tensors.items()}
-    if dp is not None:
-        dp_options = dp.options
-        rate = dp_options.sample_rate or min(1.0, config.batch_size / len(data))  # type: ignore[attr-defined]
-        capture.meta.update(epsilon(dp_options, rate, config.local_steps))  # type: ignore[arg-type]
+    if dp is not None and dp_options is not None:
+        capture.meta.update(epsilon(dp_options, rate, config.local_steps))
         capture.meta["gleak.defense"] = [{**dp.record(config.seed), "sample_rate": rate}]
     contribution = [d for d in config.defenses if not d.training]
     if contribution:

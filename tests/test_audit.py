@@ -137,7 +137,7 @@ def test_uninformative_attacks_give_no_finding_and_a_notice() -> None:
 @pytest.mark.parametrize(("args", "fragment"), [
     (("--budget", "huge"), "--budget must be one of"),
     (("--fail-on", "severe"), "--fail-on must be one of"),
-    (("--format", "pdf"), "--format takes"),
+    (("--format", "pdf"), "--format must be a comma-separated list"),
     (("--format", "html"), "-o DIR"),
     (("--threshold", "labels_high"), "NAME=VALUE"),
     (("--threshold", "labels_high=lots"), "is not a number"),

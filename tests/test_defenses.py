@@ -268,3 +268,69 @@ def test_the_audit_simulates_a_recorded_defense_when_it_calibrates(gleak, tmp_pa
     assert expected["clean"][0] == "ok" and expected["clean"][1] >= 0.9
     status, iacc, chance = expected["noisy"]
     assert status == "abstained" or iacc < chance + 0.05, expected  # the simulated twins carry the noise too
+
+
+# ----------------------------------------------------------------------------------------------- DP-SGD: target ε
+@pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
+def test_dpsgd_aims_at_a_target_epsilon_with_opacus_noise_multiplier(gleak, tmp_path: Path) -> None:
+    """dpsgd:epsilon=2 through `gleak simulate`: z is Opacus's get_noise_multiplier for the client's q and steps,
+    the recorded ε is at most 2 and within 5 % of it, and every ε shown states δ, accountant, q, steps and rounds."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    from gleak.defenses.dpsgd import EPSILON_TOLERANCE
+
+    out = tmp_path / "dp.safetensors"
+    r = gleak("simulate", "--model", LENET, "--data", MNIST_CLIENT, "-b", "8", "--local-steps", "3", "-o", out,
+              "--defense", "dpsgd:epsilon=2")
+    assert r.exit_code == 0, r.stderr
+    meta = load_capture(out).meta
+    q = 8 / len(load_dataset(MNIST_CLIENT))
+    assert 1.9 <= meta["gleak.dp.epsilon"] <= 2.0
+    z = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=q, steps=3, accountant="rdp",
+                             epsilon_tolerance=EPSILON_TOLERANCE * 2.0)
+    assert meta["gleak.dp.noise_multiplier"] == pytest.approx(z, rel=1e-12)
+    assert meta["gleak.dp.target_epsilon"] == 2.0 and meta["gleak.dp.steps"] == 3
+    record = meta["gleak.defense"][0]
+    assert record["epsilon"] == 2.0 and "noise_multiplier" not in record  # rebuilt, it aims at the same ε again
+    from gleak.defenses.apply import rebuild_defenses
+
+    rebuilt, unknown = rebuild_defenses([record])
+    assert not unknown and rebuilt[0].options.epsilon == 2.0
+    eps = f"{meta['gleak.dp.epsilon']:.3g}"
+    assert f"ε = {eps} at δ = 1e-5 (RDP; q = {q:.3g}, 3 steps × 1 round)" in r.stdout, r.stdout
+    assert f"z = {z:.3g}" in r.stdout and "target ε = 2" in r.stdout
+    # the audit carries ε with its terms as fields, and its HTML states them
+    r = gleak("audit", out, "-M", LENET, "--format", "json,html", "-o", tmp_path / "audit", "--fail-on", "none")
+    assert r.exit_code == 0, r.stderr
+    capture = json.loads((tmp_path / "audit" / "report.json").read_text())["captures"][0]
+    assert capture["epsilon"] == meta["gleak.dp.epsilon"]
+    assert capture["epsilon_terms"] == {"delta": 1e-5, "accountant": "rdp", "sample_rate": q, "steps": 3,
+                                        "rounds": 1, "noise_multiplier": z, "max_grad_norm": 1.0,
+                                        "target_epsilon": 2.0}
+    html = (tmp_path / "audit" / "report.html").read_text()
+    assert f"ε = {eps} at δ = 1e-5 (RDP; q = {q:.3g}, 3 steps × 1 round)" in html
+
+
+def test_dpsgd_takes_a_target_epsilon_or_a_noise_multiplier_not_both(gleak, tmp_path: Path) -> None:
+    r = gleak("simulate", "--model", LENET, "--data", MNIST_CLIENT, "-o", tmp_path / "c.safetensors",
+              "--defense", "dpsgd:epsilon=2,noise_multiplier=1")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--defense dpsgd: give epsilon" in r.stderr and "not both" in r.stderr and "Value error" not in r.stderr
+    assert not (tmp_path / "c.safetensors").exists()
+    r = gleak("defenses", "--format", "json")
+    dpsgd = next(d for d in json.loads(r.stdout) if d["name"] == "dpsgd")
+    assert dpsgd["also_sweeps"] == ["epsilon"]
+    assert "get_noise_multiplier" in next(o["help"] for o in dpsgd["options"] if o["name"] == "epsilon")
+
+
+def test_every_epsilon_is_stated_with_its_terms() -> None:
+    from gleak.report.model import EpsilonTerms
+    from gleak.report.privacy import describe_epsilon, statement, terms_of
+
+    terms = EpsilonTerms(delta=1e-5, accountant="prv", sample_rate=0.016, steps=3, rounds=4, noise_multiplier=1.1)
+    assert describe_epsilon(1.2345, terms) == "ε = 1.23 at δ = 1e-5 (PRV; q = 0.016, 3 steps × 4 rounds)"
+    meta = {"gleak.dp.epsilon": 0.5, "gleak.dp.delta": 1e-6, "gleak.dp.accountant": "rdp",
+            "gleak.dp.sample_rate": 0.5, "gleak.dp.steps": 1, "gleak.dp.noise_multiplier": 2.0,
+            "gleak.dp.max_grad_norm": 4.0}
+    assert statement(0.5, terms_of(meta)) == "ε = 0.5 at δ = 1e-6 (RDP; q = 0.5, 1 step × 1 round); z = 2 (C = 4)"
+    assert terms_of({k: v for k, v in meta.items() if k != "gleak.dp.delta"}) is None  # no δ: no stated ε

@@ -396,7 +396,8 @@ def test_cli_reconstruct_smoothing_sample_table(tmp_path, gleak) -> None:
     (["reconstruct", SMOOTHING, "-o", "{out}"], ["needs the global model"]),
     (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--lpips", "squeeze"], ["--lpips"]),
     (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--restarts", "0"], ["--restarts"]),
-    (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--labels", "truth", "--no-truth"], ["ground-truth"]),
+    (["reconstruct", SMOOTHING, "-M", LENET, "-o", "{out}", "--labels", "truth", "--no-truth"],
+     ["which --no-truth turns off"]),
 ])
 def test_cli_reconstruct_bad_input_exit_2(tmp_path, gleak, args, fragments) -> None:
     out = tmp_path / "o"

@@ -146,8 +146,9 @@ def test_html_chart_sections_and_verdict(out_dir: Path) -> None:
     assert ">true<" in html and ">ilrg<" in html and "ilrg (best iAcc" in html
     for i in range(len(report.captures)):
         assert f'id="capture-{i}"' in html and f'href="#capture-{i}"' in html
-    assert report.failed()
-    assert '<div class="verdict FAIL"' in html
+    assert report.failed() and report.has_errors()  # a capture that could not be audited outranks the gate
+    assert '<div class="verdict error" id="verdict">ERROR</div>' in html
+    assert "1 of 2 capture(s) could not be audited; 2 findings at the gate" in html
     for s in SEVERITIES:
         assert f'badge sev-{s}"' in html
     assert "high: 1" in html and "low: 2" in html
@@ -159,9 +160,12 @@ def test_html_chart_sections_and_verdict(out_dir: Path) -> None:
     # the command, shell-quoted, then escaped
     assert "gleak audit &#39;runs/&lt;script&gt;" in html and "&#39;out dir&#39;" in html
 
-    passing = report.model_copy(update={"fail_on": "critical", "findings": report.findings[:4]})
+    audited = [c for c in report.captures if c.status != "error"]
+    passing = report.model_copy(update={"fail_on": "critical", "findings": report.findings[:4], "captures": audited})
     assert not passing.failed()
-    assert '<div class="verdict PASS"' in get_format("html").render(passing, out_dir)
+    assert '<div class="verdict pass" id="verdict">PASS</div>' in get_format("html").render(passing, out_dir)
+    failing = report.model_copy(update={"captures": audited})
+    assert '<div class="verdict fail" id="verdict">FAIL</div>' in get_format("html").render(failing, out_dir)
 
 
 def test_bar_chart_svg_escapes_labels() -> None:
@@ -184,7 +188,7 @@ def test_markdown_summary() -> None:
     md = get_format("md").render(report)
     assert "<script" not in md and "&lt;script&gt;" in md
     assert r"\[click\]" in md and "](http" not in md and "http://" not in md
-    assert "gleak audit: **FAIL**" in md
+    assert md.startswith("## ❌ gleak audit: **ERROR**")  # one capture could not be audited
     lines = md.splitlines()
     findings = [line for line in lines if line.startswith("| **")]
     assert len(findings) == len(report.findings)
@@ -196,12 +200,13 @@ def test_markdown_summary() -> None:
     assert rows[0].count("|") - rows[0].count("\\|") == 7  # the error row stays one row of six cells
     assert "NO\\_TRUTH" in md
 
-    passing = report.model_copy(update={"fail_on": "critical", "findings": report.findings[:4]})
+    passing = report.model_copy(update={"fail_on": "critical", "findings": report.findings[:4],
+                                        "captures": [c for c in report.captures if c.status != "error"]})
     assert "gleak audit: **PASS**" in get_format("md").render(passing)
 
 
 def test_empty_report_renders() -> None:
     report = Report(gleak_version="0.1.0")
     html = get_format("html").render(report)
-    assert '<div class="verdict PASS"' in html and "No findings." in html
+    assert '<div class="verdict pass" id="verdict">PASS</div>' in html and "No findings." in html
     assert "gleak audit: **PASS**" in get_format("md").render(report)

@@ -105,7 +105,7 @@ def test_without_rounds_every_scope_is_any() -> None:
 
 @pytest.mark.parametrize("bad", ["last:0", "last", "last:-1", "first:2", "some", "last:x", ""])
 def test_bad_fail_rounds_are_one_line(bad: str) -> None:
-    with pytest.raises(GleakError, match="expected any"):
+    with pytest.raises(GleakError, match="--fail-rounds must be any"):
         parse_fail_rounds(bad)
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from gleak.cli import app
 from gleak.errors import GleakError
 from gleak.report.model import SCHEMA_PATH, SweepReport
-from gleak.runs.sweep import split_sweep
+from gleak.runs.sweep import split_named, split_sweep
 
 from .conftest import CIFAR, FEDSGD, LENET, MNIST_AUX, MNIST_CLIENT
 
@@ -131,7 +131,40 @@ def test_dpsgd_and_sign_and_the_same_seed_gives_the_same_rows(tmp_path: Path) ->
     assert [r["strength"] for r in rows if r["defense"] == "sign"] == [None, None]  # sign: no strength, one point
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == ["dpsgd.png", "dpsgd.svg", "sign.png", "sign.svg", "sweep.json", "sweep.md"]
-    assert "| ε |" in (tmp_path / "a" / "sweep.md").read_text()
+    md = (tmp_path / "a" / "sweep.md").read_text()
+    assert "| ε at δ = 1e-5 (RDP; q = " in md and ", 1 step × 1 round) |" in md  # ε with its terms
+    terms = [r["epsilon_terms"] for r in rows if r["defense"] == "dpsgd"]
+    assert {t["noise_multiplier"] for t in terms} == {0.5, 4.0} and {t["target_epsilon"] for t in terms} == {None}
+    assert all(r["epsilon_terms"] is None for r in rows if r["defense"] != "dpsgd")
+
+
+def test_dpsgd_swept_over_a_target_epsilon_has_an_epsilon_axis(tmp_path: Path) -> None:
+    """dpsgd:epsilon=0.5,2: each point aims at its ε (z from Opacus's get_noise_multiplier, recorded ε ≤ target and
+    within 5 %); the plot's x axis is the target ε (log), with z on the top axis, and every ε states its terms."""
+    from gleak.report.sweep_plots import figure
+
+    out = tmp_path / "eps"
+    code, stdout, err = run(*BASE, "--trials", "1", "--defense", "dpsgd:epsilon=0.5,2", "-a", "llg", "-o", out)
+    assert code == 0, err
+    report = SweepReport.model_validate_json((out / "sweep.json").read_text())
+    assert [(d.strength, d.values, d.fixed) for d in report.defenses] == [("epsilon", [0.5, 2.0], {})]
+    dp = [r for r in report.rows if r.defense == "dpsgd"]
+    assert [r.strength for r in dp] == [0.5, 2.0]
+    for r in dp:
+        assert r.epsilon is not None and r.epsilon_terms is not None and isinstance(r.strength, float)
+        assert 0.95 * r.strength <= r.epsilon <= r.strength
+        t = r.epsilon_terms
+        assert (t.target_epsilon, t.delta, t.accountant, t.steps, t.rounds) == (r.strength, 1e-5, "rdp", 1, 1)
+    assert dp[0].epsilon_terms.noise_multiplier > dp[1].epsilon_terms.noise_multiplier  # less ε, more noise
+    fig = figure(report, "dpsgd")
+    labels = [a.get_xlabel() for ax in fig.axes for a in (ax, *ax.child_axes)]  # child: the top (secondary) axis
+    assert any(lab.startswith("target ε (dpsgd, log scale") and "δ = 1e-5 (RDP; q = " in lab and
+               "1 step × 1 round" in lab for lab in labels), labels
+    assert "log" in {ax.get_xscale() for ax in fig.axes}
+    assert any("noise multiplier z" in lab for lab in labels), labels
+    md = (out / "sweep.md").read_text()
+    assert "| target ε |" in md and "| noise_multiplier z | ε at δ = 1e-5 (RDP; q = " in md
+    assert "ε of dpsgd: at δ = 1e-5 (RDP; q = " in stdout
 
 
 def test_jobs_run_trials_in_workers_with_the_same_rows(tmp_path: Path) -> None:
@@ -184,6 +217,10 @@ def test_jobs_auto_hands_the_trials_left_to_workers_once_they_pay(tmp_path: Path
     ("gaussian=0.1,0.1", "given twice"),
     ("gaussian=nan,1", "finite numbers"),
     ("gaussian:relative=true,sigma=0.1,0.2", "a sweep's strengths follow the whole spec"),
+    ("dpsgd:epsilon=1=0.5,1", "give epsilon (a target ε: gleak picks z) or noise_multiplier (z), not both"),
+    ("dpsgd:noise_multiplier=1,epsilon=0.5,1", "not both"),
+    ("dpsgd:epsilon=0.5,0.5", "given twice"),
+    ("dpsgd:epsilon=0,1", "greater than 0"),
 ])
 def test_bad_specs_are_one_line_exit_2(tmp_path: Path, spec: str, says: str) -> None:
     code, out, err = run(*BASE, "--defense", spec, "-o", tmp_path / "out")
@@ -214,6 +251,11 @@ def test_split_rule() -> None:
     assert split_sweep("gaussian:sigma=0.1") == ("gaussian:sigma=0.1", None)  # one point, not sigma at 0.1
     assert split_sweep("gaussian:relative=true,sigma=0.1") == ("gaussian:relative=true,sigma=0.1", None)
     assert split_sweep("sign") == ("sign", None)
+    assert split_named("dpsgd:epsilon=0.5,1,2", ("epsilon",)) == ("dpsgd", "epsilon", ["0.5", "1", "2"])
+    assert split_named("dpsgd:max_grad_norm=2,epsilon=1,4", ("epsilon",)) == ("dpsgd:max_grad_norm=2", "epsilon",
+                                                                               ["1", "4"])
+    assert split_named("dpsgd:epsilon=2,delta=1e-6", ("epsilon",)) is None  # one point, aimed at ε = 2
+    assert split_named("gaussian:sigma=0.1,0.2", ()) is None  # only a defense's also_sweeps are named
 
 
 def test_existing_non_empty_folder_needs_force(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.markup import escape
@@ -35,21 +35,23 @@ from gleak.cli.common import (
     print_json,
     requested_threads,
 )
-from gleak.errors import GleakError, shorten
+from gleak.errors import GleakError, Origin, did_you_mean
 
 if TYPE_CHECKING:
-    from gleak.report.model import ExecutorName, Report
+    from gleak.report.model import ExecutorName, Report, SweepReport
 
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
 
 
-def parse_formats(text: str) -> list[str]:
-    """``table,json`` -> ["table", "json"]; unknown names are a usage error."""
+def parse_formats(text: str, origin: Origin | None = None) -> list[str]:
+    """``table,json`` -> ["table", "json"]; unknown names are a usage error naming where the value came from
+    (``origin``: --format unless told, e.g. GLEAK_FORMAT or the config file's key)."""
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in FORMATS]
     if bad or not names:
-        raise GleakError(f"--format takes a comma-separated list of {', '.join(FORMATS)}; got "
-                         f"{shorten(repr(text), 60)}")
+        hint = did_you_mean(bad[0], FORMATS) if len(bad) == 1 else ""
+        raise GleakError((origin or Origin("--format")).bad(
+            text, f"must be a comma-separated list of {', '.join(FORMATS)}", hint))
     return list(dict.fromkeys(names))
 
 
@@ -131,8 +133,9 @@ def audit(
              "device": device, "model": model, "aux": aux, "arch": arch, "arch_kwargs": arch_kwargs,
              "threshold": threshold, "option": option, "executor": executor, "address": address}
     effective, sources = merge_config(ctx, given, loaded)
+    origins = {key: origin_of(ctx, key, sources[key], loaded) for key in OPTION_KEYS}
     if show_config:
-        if parse_formats(effective["format"]) == ["json"]:
+        if parse_formats(effective["format"], origins["format"]) == ["json"]:
             print_json({k: {"value": [str(v) for v in effective[k]] if isinstance(effective[k], list)
                             else effective[k], "from": sources[k]} for k in OPTION_KEYS})
         else:
@@ -142,20 +145,24 @@ def audit(
         return
     budget, fail_on, format, lpips = effective["budget"], effective["fail_on"], effective["format"], effective["lpips"]
     seed, device = effective["seed"], effective["device"]
-    workers = parse_jobs(effective["jobs"])
     model, aux, threshold = effective["model"], effective["aux"], effective["threshold"]
     executor, address = effective["executor"], effective["address"]
     arch, arch_kwargs = effective["arch"], effective["arch_kwargs"]
     from gleak.errors import choose
     from gleak.runs.audit.setup import BUDGETS, EXECUTORS, FAIL_ON, parse_fail_rounds
 
-    runner = choose(executor, EXECUTORS, "--executor")
+    # every setting checked before any work, each error naming where its value came from (flag, variable, file)
+    formats = parse_formats(format, origins["format"])
+    chosen_budget = choose(budget, BUDGETS, origins["budget"])
+    gate = choose(fail_on, FAIL_ON, origins["fail_on"])
+    fail_rounds = parse_fail_rounds(effective["fail_rounds"], origins["fail_rounds"])
+    runner = choose(executor, EXECUTORS, origins["executor"])
+    workers = parse_jobs(effective["jobs"], origins["jobs"])
     if address is not None and executor != "ray":
-        raise GleakError("--address is the Ray cluster's address: use it with --executor ray")
-    from gleak.attacks.registry import parse_option_assignments, resolve_assignments
-
-    assignments = parse_option_assignments(effective["option"] or [])
-    resolve_assignments(assignments)  # every attack, key and value checked before any work
+        raise GleakError(f"{origins['address'].subject(address)} is a Ray cluster's address: use it with --executor "
+                         f"ray (the executor is {executor!r}, from "
+                         f"{'the default' if sources['executor'] == 'default' else sources['executor']})")
+    assignments = _attack_options(effective["option"] or [], origins["option"])
     if not paths:
         raise GleakError("give at least one capture or folder of captures (CAPTURE_OR_DIR...)")
     if not model:
@@ -163,8 +170,6 @@ def audit(
     if loaded.settings.threads is not None and requested_threads() is None:
         apply_threads(loaded.settings.threads)
 
-    formats = parse_formats(format)
-    gate = choose(fail_on, FAIL_ON, "--fail-on")
     files = [f for f in formats if f != "table"]
     if output is None and any(f != "json" for f in files):
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
@@ -178,8 +183,7 @@ def audit(
         from gleak.report.sweep_io import load_sweep
 
         sweep_report = load_sweep(sweep)
-    config = AuditConfig(budget=choose(budget, BUDGETS, "--budget"), fail_on=gate,
-                         fail_rounds=parse_fail_rounds(effective["fail_rounds"]),
+    config = AuditConfig(budget=chosen_budget, fail_on=gate, fail_rounds=fail_rounds,
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
                          confidence=confidence, max_memory=gigabytes(max_memory), lineup=lineup,
@@ -187,13 +191,18 @@ def audit(
                          trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])
+    if sweep is not None and sweep_report is not None:
+        sweep_report = check_sweep_model(sweep, sweep_report, list(model), config)
     report = _run(list(paths), list(model), list(aux or []), config, output, workers,
                   show=not quiet and "table" in formats, executor=runner, address=address)
+    from gleak.report.verdict import has_run
+    from gleak.report.verdict import verdict as answer_of
+
     if output is not None:
         from gleak.io import OutputSet
 
         with OutputSet(output, True) as out:
-            if report.run is not None and report.run.series:
+            if report.run is not None and report.run.series and has_run(report):
                 from gleak.report.plots import run_plots
 
                 for name, data in run_plots(report.run).items():
@@ -218,7 +227,7 @@ def audit(
             console.print(f"reports in {escape(str(output))}: "
                           + ", ".join(get_format(n).FILENAME for n in files or ["json"]), soft_wrap=True)
     if "table" not in formats and not quiet:  # one line for CI logs when the console table is off
-        verdict = "errors" if report.has_errors() else ("FAIL" if report.failed() else "PASS")
+        verdict = answer_of(report).status
         err_console.print(f"gleak audit: {len(report.captures)} capture(s), {len(report.findings)} finding(s)"
                           + (f" (worst {report.worst()})" if report.findings else "")
                           + f"; {verdict} (--fail-on {report.fail_on}"
@@ -250,6 +259,68 @@ def _envvar(ctx: typer.Context, key: str) -> str:
             names = param.envvar
             return names if isinstance(names, str) else ", ".join(names or ())
     raise KeyError(key)  # pragma: no cover - every OPTION_KEYS entry is a parameter of audit
+
+
+def _flag(ctx: typer.Context, key: str) -> str:
+    """The flag of parameter ``key`` as errors name it (``fail_on`` -> ``--fail-on``; ``option`` -> ``-O``)."""
+    if key == "option":
+        return "-O"
+    for param in ctx.command.params:
+        if param.name == key:
+            return max(param.opts, key=len)
+    raise KeyError(key)  # pragma: no cover - every OPTION_KEYS entry is a parameter of audit
+
+
+def origin_of(ctx: typer.Context, key: str, source: str, loaded: Any) -> Origin:
+    """Where setting ``key`` came from (``source``, as :func:`merge_config` names it), for its errors: the flag, the
+    environment variable or the config file's key."""
+    flag = _flag(ctx, key)
+    if source.startswith("environment"):
+        return Origin(flag, env=_envvar(ctx, key))
+    if source.startswith("config ") and loaded.path is not None:
+        return cast(Origin, loaded.origin(key, flag))
+    return Origin(flag)
+
+
+def _attack_options(items: list[str], origin: Origin) -> dict[str, dict[str, str]]:
+    """``-O`` assignments (or the config's options table), every attack, key and value checked before any work;
+    a bad one from the file names the file, its table and the key."""
+    from gleak.attacks.registry import attack_class, parse_option_assignments, resolve_assignments
+    from gleak.registry import resolve_options
+
+    assignments = parse_option_assignments(items)
+    if origin.table is None:
+        resolve_assignments(assignments)
+        return assignments
+    table = origin.table.removesuffix("]")
+    for name, values in assignments.items():
+        owner = attack_class(name, where=f"{table}.{origin.key}]: ")
+        resolve_options(owner, values, {k: f"{table}.{origin.key}.{name}] key '{k}'" for k in values})
+    return assignments
+
+
+def check_sweep_model(where: Path, sweep: SweepReport, models: list[Path], config: Any) -> SweepReport:
+    """The sweep, checked against the audited models: one made for another model (its recorded weights hash is
+    none of theirs) is refused unless --allow-model-mismatch, which the sweep's notices then record; one that
+    records no hash is shown with a notice that says so (never as checked)."""
+    from gleak.runs.audit.setup import ModelSet, find_models
+
+    recorded = sweep.settings.model_sha256
+    if recorded is None:
+        notice = ("this sweep records no model hash (settings.model_sha256): it was not checked against the "
+                  f"audited model; it was made with {sweep.settings.model}")
+        return sweep.model_copy(update={"notices": [*sweep.notices, notice]})
+    hashes = set(ModelSet.load(find_models(models), config).index.values())
+    if recorded in hashes:
+        return sweep
+    if not config.allow_model_mismatch:
+        raise GleakError(f"--sweep {where}: the sweep was made for another model (sha256 {recorded[:12]}…, "
+                         f"{sweep.settings.model}), not the audited one{'s' if len(hashes) > 1 else ''} "
+                         f"({', '.join(sorted(h[:12] + '…' for h in hashes))}); give the sweep of this model, or "
+                         "--allow-model-mismatch to show it anyway (the report says so)")
+    notice = (f"made for another model (sha256 {recorded[:12]}…) than the audited one: shown with "
+              "--allow-model-mismatch")
+    return sweep.model_copy(update={"notices": [*sweep.notices, notice]})
 
 
 def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], dict[str, str]]:

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from gleak.errors import TRUTH_CONTRADICTION, GleakError, did_you_mean, shorten
+from gleak.errors import TRUTH_CONTRADICTION, GleakError, Origin, did_you_mean, shorten
 
 
 def _click_class(name: str) -> type[Exception]:
@@ -493,12 +493,13 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def parse_jobs(value: Any) -> int:
-    """``--jobs``: ``auto`` (0) or a whole number of workers from 1 to MAX_JOBS; else one line."""
+def parse_jobs(value: Any, origin: Origin | None = None) -> int:
+    """``--jobs``: ``auto`` (0) or a whole number of workers from 1 to MAX_JOBS; else one line naming where the
+    value came from (``origin``: --jobs unless told, e.g. GLEAK_JOBS)."""
     text = str(value).strip().lower()
     if text == "auto":
         return 0
     if not text.isdigit() or not 1 <= int(text) <= MAX_JOBS:
-        raise GleakError(f"--jobs must be auto or a whole number from 1 to {MAX_JOBS}, got "
-                         f"{shorten(str(value), 40)!r}")
+        raise GleakError((origin or Origin("--jobs")).bad(shorten(str(value), 40),
+                                                          f"must be auto or a whole number from 1 to {MAX_JOBS}"))
     return int(text)

@@ -153,8 +153,9 @@ def simulate(
         for record in capture.get("gleak.defense") or []:
             options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
             console.print(f"defense {record['name']}" + (f" ({options})" if options else ""))
-        if capture.get("gleak.dp.epsilon") is not None:
-            console.print(f"DP-SGD: ε = {capture.get('gleak.dp.epsilon'):.3g} at δ = {capture.get('gleak.dp.delta'):g} "
-                          f"({capture.get('gleak.dp.accountant')}; q = {capture.get('gleak.dp.sample_rate'):.3g}, "
-                          f"{capture.get('gleak.dp.steps')} step(s))")
+        from gleak.report.privacy import describe_capture
+
+        dp_text = describe_capture(capture.meta)
+        if dp_text is not None:
+            console.print(f"DP-SGD: {dp_text}", highlight=False, markup=False)
         console.print(f"wrote {output}" + ("" if no_truth else f" and {truth_path}"))

@@ -44,6 +44,7 @@ class Defense(Configurable):
     summary: ClassVar[str]
     source: ClassVar[str] = ""
     strength: ClassVar[str | None] = None
+    also_sweeps: ClassVar[tuple[str, ...]] = ()  # other options a sweep may vary, named: NAME:KEY=V1,V2,...
     training: ClassVar[bool] = False
     kind: ClassVar[str] = "contribution"  # registry group: "contribution" or "training"
     Options: ClassVar[type[TypedOptions]] = DefenseOptions
@@ -91,7 +92,7 @@ class Defense(Configurable):
         from gleak.registry import describe_options
 
         return {"name": cls.name, "summary": cls.summary, "kind": cls.kind, "strength": cls.strength,
-                "source": cls.source, "options": describe_options(cls)}
+                "also_sweeps": list(cls.also_sweeps), "source": cls.source, "options": describe_options(cls)}
 
 
 DEFENSES: Registry[Defense] = Registry("defense", "kind", {"contribution": "contribution", "training": "training"})

@@ -2,7 +2,8 @@
 ``GradSampleModule``, clipping to C and Gaussian noise of σ = z·C from its ``DPOptimizer``, and ε from its
 accountants for the given δ, sample rate and steps (Abadi et al., CCS 2016). gleak writes none of this maths
 itself: :func:`dp_train` only drives Opacus over the client's batches; :func:`epsilon` asks Opacus's accountants
-(RDP, and PRV where it can answer) for the privacy spent."""
+(RDP, and PRV where it can answer) for the privacy spent; :func:`resolve` aims at a target ε (``dpsgd:epsilon=E``)
+by asking Opacus's ``get_noise_multiplier`` for the noise multiplier of the client's q and steps."""
 
 from __future__ import annotations
 
@@ -11,21 +12,33 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from gleak.defenses.base import Defense, DefenseOptions, register
 from gleak.errors import GleakError, shorten
 
+EPSILON_TOLERANCE = 0.01  # dpsgd:epsilon=E: Opacus's bisection stops within 1 % of E (epsilon_tolerance = 0.01·E)
+
 
 class DpSgdOptions(DefenseOptions):
-    noise_multiplier: float = Field(1.0, gt=0, description="z: noise std over the clipping bound (σ = z·C)")
+    noise_multiplier: float = Field(1.0, gt=0, description="z: noise std over the clipping bound (σ = z·C); not "
+                                    "with epsilon")
+    epsilon: float | None = Field(None, gt=0, description="a target ε instead of z: Opacus's get_noise_multiplier "
+                                  "picks z for the client's q and steps (recorded ε ≤ target, within 1 %); sweep it "
+                                  "with dpsgd:epsilon=0.5,1,2")
     max_grad_norm: float = Field(1.0, gt=0, description="C: each example's gradient is clipped to this L2 norm")
     delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee")
     sample_rate: float | None = Field(None, gt=0, le=1, description="q for the accountant: B over the client's "
                                       "data size when not given")
     accountant: Literal["rdp", "prv"] = Field("rdp", description="the accountant whose ε is gleak.dp.epsilon (the "
                                               "other is recorded too where it can answer)")
+
+    @model_validator(mode="after")
+    def _one_noise_setting(self) -> DpSgdOptions:
+        if self.epsilon is not None and "noise_multiplier" in self.model_fields_set:
+            raise ValueError("give epsilon (a target ε: gleak picks z) or noise_multiplier (z), not both")
+        return self
 
 
 @register
@@ -36,8 +49,17 @@ class DpSgd(Defense):
     strength = "noise_multiplier"
     training = True
     kind = "training"
+    also_sweeps = ("epsilon",)  # dpsgd:epsilon=0.5,1,2 sweeps the target ε instead of z
     Options: ClassVar[type[DefenseOptions]] = DpSgdOptions
     options: DpSgdOptions
+
+    def record(self, seed: int) -> dict[str, Any]:
+        """Aimed at a target ε, z is left out (the z picked is gleak.dp.noise_multiplier): rebuilt from the record,
+        the defense aims at the same ε again."""
+        out = super().record(seed)
+        if self.options.epsilon is not None:
+            out.pop("noise_multiplier", None)
+        return out
 
 
 def _opacus() -> Any:
@@ -104,15 +126,47 @@ def dp_train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tenso
     return None
 
 
+def noise_multiplier_for(target_epsilon: float, delta: float, sample_rate: float, steps: int,
+                         accountant: str = "rdp") -> float:
+    """The noise multiplier z that spends at most ``target_epsilon`` at ``delta`` over ``steps`` steps at sample
+    rate ``sample_rate``: Opacus's own ``get_noise_multiplier`` (its bisection, to within
+    :data:`EPSILON_TOLERANCE` of the target)."""
+    _opacus()
+    from opacus.accountants.utils import get_noise_multiplier
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta,
+                                              sample_rate=sample_rate, steps=steps, accountant=accountant,
+                                              epsilon_tolerance=EPSILON_TOLERANCE * target_epsilon))
+    except ValueError as e:  # "The privacy budget is too low."
+        raise GleakError(f"--defense dpsgd:epsilon={target_epsilon:g}: Opacus finds no noise multiplier for it at "
+                         f"δ = {delta:g}, q = {sample_rate:g}, {steps} step(s) ({shorten(str(e), 80)}); aim at a "
+                         "larger ε") from None
+
+
+def resolve(options: DpSgdOptions, sample_rate: float, steps: int) -> DpSgdOptions:
+    """``options`` with the noise multiplier DP-SGD runs with: as given, or — aimed at ``epsilon`` — the one
+    :func:`noise_multiplier_for` picks for this q and these steps (``epsilon`` kept: it is the target)."""
+    if options.epsilon is None:
+        return options
+    z = noise_multiplier_for(options.epsilon, options.delta, sample_rate, steps, options.accountant)
+    return options.model_copy(update={"noise_multiplier": z})
+
+
 def epsilon(options: DpSgdOptions, sample_rate: float, steps: int) -> dict[str, Any]:
     """ε for (z, q, steps, δ) from Opacus's RDP accountant, and its PRV accountant where it can answer; the keys
-    gleak.dp.* record, so that anyone can recompute them."""
+    gleak.dp.* record, so that anyone can recompute them (with a target ε, ``gleak.dp.target_epsilon`` too;
+    ``options`` as :func:`resolve` gives them)."""
     _opacus()
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     out: dict[str, Any] = {"gleak.dp.delta": options.delta, "gleak.dp.noise_multiplier": options.noise_multiplier,
                            "gleak.dp.max_grad_norm": options.max_grad_norm, "gleak.dp.sample_rate": sample_rate,
                            "gleak.dp.steps": steps, "gleak.dp.accountant": options.accountant}
+    if options.epsilon is not None:
+        out["gleak.dp.target_epsilon"] = options.epsilon
     values: dict[str, float | None] = {}
     for name, cls in (("rdp", RDPAccountant), ("prv", PRVAccountant)):
         accountant = cls()

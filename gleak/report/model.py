@@ -116,6 +116,24 @@ class Notice(_Model):
     capture: str | None = None
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]  # JSON has no NaN or infinity: a sweep never records one
+
+
+class EpsilonTerms(_Model):
+    """The terms an ε of DP-SGD holds under (``gleak.dp.*``): without them an ε is not a guarantee anyone can
+    check. :func:`gleak.report.privacy.describe_epsilon` states them in words."""
+
+    delta: Finite = Field(ge=0, description="δ of the (ε, δ) guarantee")
+    accountant: Literal["rdp", "prv"] = Field(description="the Opacus accountant that gave ε")
+    sample_rate: Finite = Field(ge=0, description="q: the sample rate the accountant used")
+    steps: int = Field(ge=1, description="noisy steps per round accounted")
+    rounds: int = Field(ge=1, description="rounds accounted (1: the ε of this one contribution)")
+    noise_multiplier: Finite = Field(ge=0, description="z: noise std over the clipping bound")
+    max_grad_norm: Finite | None = Field(None, ge=0, description="C: the per-example clipping bound")
+    target_epsilon: Finite | None = Field(None, description="the ε aimed at (dpsgd:epsilon=E; z picked by Opacus's "
+                                          "get_noise_multiplier), else null")
+
+
 class CaptureReport(_Model):
     """Everything the audit learned from one capture (or why it could not read it)."""
 
@@ -129,6 +147,9 @@ class CaptureReport(_Model):
     client: str | None = Field(None, description="the client (gleak.fl.client_id), when recorded")
     defense: list[dict[str, Any]] | None = Field(None, description="the defenses the capture records (gleak.defense, "
                                                  "in the order applied), when any")
+    epsilon: float | None = Field(None, description="DP-SGD: the ε the capture records (gleak.dp.epsilon), when any")
+    epsilon_terms: EpsilonTerms | None = Field(None, description="what epsilon holds under (gleak.dp.*: δ, "
+                                               "accountant, q, steps, rounds, z)")
     kind: str | None = None
     batch_size: int | None = None
     local_steps: int | None = None
@@ -537,7 +558,6 @@ class ErrorReport(CommandReport):
 # ------------------------------------------------------------------------ sweep
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"  # defense, attack and option names (registry names)
 SweepMetric = Literal["iacc", "identification_kappa", "psnr"]
-Finite = Annotated[float, Field(allow_inf_nan=False)]  # JSON has no NaN or infinity: a sweep never records one
 
 
 class SweepUtility(_Model):
@@ -570,6 +590,10 @@ class SweepSettings(_Model):
     """What was simulated and attacked, and how."""
 
     model: str
+    model_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$", description="the sha256 of the model's "
+                                     "weights (what captures record as gleak.model.sha256); gleak audit --sweep "
+                                     "compares it with the audited models'. null: not recorded (the sweep is then "
+                                     "shown unchecked, and report.html says so)")
     arch: str | None
     data: str
     aux: str | None
@@ -610,6 +634,8 @@ class SweepRow(_Model):
                                  "identification_kappa: 0; psnr: the mean no-attack baseline PSNR")
     utility: SweepUtility
     epsilon: Finite | None = Field(description="dpsgd: the mean gleak.dp.epsilon of the trials; else null")
+    epsilon_terms: EpsilonTerms | None = Field(None, description="dpsgd: what epsilon holds under (δ, accountant, "
+                                               "q, steps, rounds, z); else null")
 
 
 class SweepReport(CommandReport):

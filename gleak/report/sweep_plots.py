@@ -5,7 +5,9 @@ Each defense's plot shows leakage against the defense's strength: one line per a
 bars one standard deviation), the undefended baseline of each attack as a dashed line of its colour, the chance
 level (dotted), and the utility kept (cosine of the defended to the clean contribution) on a second y axis; one
 panel per metric (label iAcc, identification over chance κ, PSNR). The x axis is logarithmic when the strengths
-are positive and span more than a decade (symmetric-log, linear near 0, when one of them is 0). Every plot has an
+are positive and span more than a decade (symmetric-log, linear near 0, when one of them is 0), and always for
+DP-SGD swept over a target ε; DP-SGD's plot states its ε's terms (δ, accountant, q, steps, rounds) and shows the
+other half of its noise on a top axis (the noise multiplier z at each target ε, or the ε of each z). Every plot has an
 accessible name (:func:`plot_title`): the SVG gets ``role="img"``, ``aria-label`` and a ``<title>``; ``sweep.md``
 and the audit's HTML use it as alt text / caption.
 Output is deterministic (no dates, a fixed SVG id salt). matplotlib and rich are imported only when used.
@@ -20,8 +22,9 @@ from typing import TYPE_CHECKING
 
 from gleak.report.formats.markdown import md_escape
 from gleak.report.formats.text import fmt_number
-from gleak.report.model import BASELINE, SweepDefense, SweepMetric, SweepReport, SweepRow
+from gleak.report.model import BASELINE, EpsilonTerms, SweepDefense, SweepMetric, SweepReport, SweepRow
 from gleak.report.plots import figure_svg, named_svg
+from gleak.report.privacy import describe_terms, short_number
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -48,8 +51,31 @@ def defense_of(report: SweepReport, name: str) -> SweepDefense:
     raise KeyError(name)
 
 
+STRENGTH_LABELS = {"epsilon": "target ε", "noise_multiplier": "noise_multiplier z"}
+
+
 def _strength_label(defense: SweepDefense) -> str:
-    return defense.strength or "defense (no strength option)"
+    if defense.strength is None:
+        return "defense (no strength option)"
+    return STRENGTH_LABELS.get(defense.strength, defense.strength) if defense.training else defense.strength
+
+
+def epsilon_terms_of(report: SweepReport, name: str) -> EpsilonTerms | None:
+    """The terms of a DP defense's ε (δ, accountant, q, steps, rounds: the same at every point of one defense;
+    z aside), from its first row that records them; None for a defense without ε."""
+    return next((r.epsilon_terms for r in report.rows if r.defense == name and r.epsilon_terms is not None), None)
+
+
+def _noise_of(report: SweepReport, name: str) -> dict[float | None, float]:
+    """Strength -> the noise multiplier z it ran with (dpsgd)."""
+    return {r.strength: r.epsilon_terms.noise_multiplier for r in report.rows  # type: ignore[misc]
+            if r.defense == name and r.epsilon_terms is not None and r.strength != BASELINE}
+
+
+def _epsilon_of(report: SweepReport, name: str) -> dict[float | None, float]:
+    """Strength -> the mean ε recorded (dpsgd)."""
+    return {r.strength: r.epsilon for r in report.rows  # type: ignore[misc]
+            if r.defense == name and r.epsilon is not None and r.strength != BASELINE}
 
 
 def metrics_of(report: SweepReport, rows: list[SweepRow] | None = None) -> list[SweepMetric]:
@@ -70,7 +96,7 @@ def plot_title(report: SweepReport, name: str) -> str:
     """The plot's accessible name: what it shows, in a sentence."""
     defense = defense_of(report, name)
     metrics = " and ".join(METRIC_LABELS[m] for m in metrics_of(report))
-    against = f"its {defense.strength}" if defense.strength else "the defense"
+    against = f"its {_strength_label(defense)}" if defense.strength else "the defense"
     return (f"{name}: {metrics} of {len(attacks_of(report))} attack(s) against {against}, mean ± std over "
             f"{report.settings.trials} trial(s), with the undefended baseline, chance and the utility kept (cosine)")
 
@@ -101,6 +127,8 @@ def figure(report: SweepReport, name: str) -> Figure:
     values = [float(s) for s in strengths if s is not None]
     positive = [v for v in values if v > 0]
     log = numeric and len(positive) >= 2 and min(values) >= 0 and max(positive) / min(positive) > LOG_SPAN
+    aimed = defense.strength == "epsilon" and defense.training  # dpsgd:epsilon=...: an ε axis, always log
+    log = log or (aimed and numeric and len(positive) == len(values) and len(values) >= 2)
     symlog = log and min(values) == 0  # 0 (no noise) beside a decade or more: linear around 0, log beyond
     position = {s: (float(s) if numeric and s is not None else float(i)) for i, s in enumerate(strengths)}
     order = sorted(strengths, key=lambda s: position[s])
@@ -136,6 +164,9 @@ def figure(report: SweepReport, name: str) -> Figure:
             ax.set_xscale("symlog", linthresh=min(positive))
         elif log:
             ax.set_xscale("log")
+        if aimed and log:  # the target εs themselves, not powers of ten
+            ax.set_xticks([position[s] for s in order], [_tick(defense, s) for s in order])
+            ax.minorticks_off()
         if not numeric:
             ax.set_xticks([position[s] for s in order], [_tick(defense, s) for s in order])
             ax.set_xlim(-0.6, len(order) - 0.4)
@@ -155,7 +186,20 @@ def figure(report: SweepReport, name: str) -> Figure:
         ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.12, 1.0), borderaxespad=0.0,
                   frameon=False)
     scale = ", symlog scale" if symlog else (", log scale" if log else "")
-    axes[-1].set_xlabel(f"{_strength_label(defense)} ({name}{scale}; {trials} trial(s) per point)")
+    terms = epsilon_terms_of(report, name)
+    if terms is not None and aimed:
+        axes[-1].set_xlabel(f"target ε ({name}{scale}; {trials} trial(s) per point)\nrecorded ε ≤ target, at "
+                            f"{describe_terms(terms)}")
+    else:
+        axes[-1].set_xlabel(f"{_strength_label(defense)} ({name}{scale}; {trials} trial(s) per point)")
+    if terms is not None and numeric:  # the other half of DP-SGD's noise on the top axis: z for ε, ε for z
+        other = _noise_of(report, name) if aimed else _epsilon_of(report, name)
+        top = axes[0].secondary_xaxis("top")
+        ticks = [s for s in order if s in other]
+        top.set_xticks([position[s] for s in ticks], [short_number(other[s]) for s in ticks], fontsize=7)
+        top.minorticks_off()
+        top.set_xlabel("noise multiplier z picked by Opacus's get_noise_multiplier" if aimed else
+                       f"ε at {describe_terms(terms)}", fontsize=8)
     fig.suptitle(_wrap(plot_title(report, name)), fontsize=9)
     fig.draw_without_rendering()  # the constrained layout, computed once and kept: a second save (the PNG then
     fig.set_layout_engine("none")  # the SVG of one figure) would start from the first's layout and shift it
@@ -226,7 +270,11 @@ def defense_table(report: SweepReport, name: str) -> SweepTable:
     header = [_strength_label(defense)]
     header += ["chance iAcc" if m == "iacc" else "no-attack PSNR (dB)" for m in chance_metrics]
     header += [a if metric_of[a] == "iacc" else f"{a} {METRIC_SHORT[metric_of[a]]}" for a in attacks]
-    header += ["cosine", "rel. L2 error"] + (["ε"] if defense.training else [])
+    terms = epsilon_terms_of(report, name)
+    noise = _noise_of(report, name) if defense.strength == "epsilon" and terms is not None else {}
+    header += ["cosine", "rel. L2 error"]
+    if defense.training:
+        header += (["noise_multiplier z"] if noise else []) + [f"ε at {describe_terms(terms)}" if terms else "ε"]
     rows: list[list[str]] = []
     for label, picked in [("none (undefended)", BASELINE), *[(_tick(defense, s), s) for s in _points(report, name)]]:
         at = [r for r in report.rows if (r.defense == BASELINE if picked == BASELINE else
@@ -241,6 +289,8 @@ def defense_table(report: SweepReport, name: str) -> SweepTable:
         line += [_number(first.utility.cosine if first else None, 4),
                  _number(first.utility.relative_l2_error if first else None, 4)]
         if defense.training:
+            if noise:
+                line.append(short_number(noise[picked]) if picked in noise else ("0" if picked == BASELINE else "n/a"))
             line.append(_number(first.epsilon if first else None, 3) if picked != BASELINE else "∞")
         rows.append(line)
     return SweepTable(header, rows, [False] + [True] * (len(header) - 1))
@@ -324,5 +374,9 @@ def print_summary(console: Console, report: SweepReport) -> None:
                           _number(chance, 2 if metric == "psnr" else 3), _number(at[0].utility.cosine),
                           *((_number(at[0].epsilon),) if dp else ()))
     console.print(table)
+    for d in report.defenses:
+        terms = epsilon_terms_of(report, d.name)
+        if terms is not None:
+            console.print(f"ε of {rich_escape(d.name)}: at {describe_terms(terms)}", highlight=False)
     for notice in report.notices:
         console.print(f"[yellow]notice:[/] {rich_escape(notice)}", soft_wrap=True)

@@ -23,7 +23,7 @@ from gleak.attacks.reconstruct.inputs import ReconInputs, describe_targets, prep
 from gleak.attacks.reconstruct.objective import DISTANCES
 from gleak.attacks.registry import get_attack, resolve_assignments
 from gleak.capture import Truth
-from gleak.errors import GleakError, shorten
+from gleak.errors import LABELS_TRUTH_OFF, GleakError, shorten
 from gleak.io import OutputSet, safetensors_bytes
 from gleak.registry import check_flag_conflicts
 from gleak.report.model import Baseline, ImageMetrics, ReconstructLabels, ReconstructReport
@@ -152,6 +152,8 @@ class ReconstructRequest:
         distance = self.flags.get("distance")
         if distance is not None and distance not in DISTANCES:
             raise GleakError(f"--distance must be one of {', '.join(DISTANCES)}, got {shorten(distance, 40)!r}")
+        if self.labels == "truth" and self.inputs.no_truth:
+            raise GleakError(LABELS_TRUTH_OFF)
         check_flag_conflicts(self.flags, self.options)
         resolve_assignments(self.options, task="reconstruct")  # every -O checked before any work
         if self.inputs.model.path is None:

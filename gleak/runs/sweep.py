@@ -12,7 +12,9 @@ curves are paired: every point sees the same batches.
 Trials run in this process or in worker processes (``jobs``); each trial is a function of its seed alone, so the
 rows do not depend on where it ran.
 
-Defense specs (``--defense``) are ``NAME[:KEY=VALUE,...][=V1,V2,...]``: see :func:`split_sweep` for the rule.
+Defense specs (``--defense``) are ``NAME[:KEY=VALUE,...][=V1,V2,...]``: see :func:`split_sweep` for the rule; a
+defense's other sweepable options (``also_sweeps``: dpsgd's target ``epsilon``) are swept as
+``NAME:[KEY=VALUE,...,]OPTION=V1,V2,...`` (:func:`split_named`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel, load_model
 from gleak.report.model import (
     BASELINE,
+    EpsilonTerms,
     SweepDefense,
     SweepMetric,
     SweepReport,
@@ -55,6 +58,7 @@ from gleak.report.model import (
     SweepSettings,
     SweepUtility,
 )
+from gleak.report.privacy import terms_of
 from gleak.reproducible import zero_timings
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, default_max_memory, resolve_device, soft_truth
 from gleak.simulate import ClientConfig, simulate_client
@@ -64,7 +68,8 @@ if TYPE_CHECKING:
     from gleak.generator.file import GeneratorFile
 
 FLAG = "--defense"
-SPEC_SYNTAX = "NAME[:KEY=VALUE,...][=V1,V2,...] (e.g. gaussian=1e-3,1e-2 or topk:scope=global=0.9,0.99)"
+SPEC_SYNTAX = ("NAME[:KEY=VALUE,...][=V1,V2,...] (e.g. gaussian=1e-3,1e-2 or topk:scope=global=0.9,0.99; "
+               "dpsgd:epsilon=0.5,1,2 sweeps a target ε)")
 TRIAL_STRIDE = 1_000_003  # trial t simulates with seed + t·TRIAL_STRIDE
 DEFAULT_TRIALS = 5
 DEFAULT_ITERATIONS = 200  # the reconstruction attacks' bound: a sweep runs them many times
@@ -105,6 +110,27 @@ def split_sweep(text: str) -> tuple[str, list[str] | None]:
     return head, tokens
 
 
+def split_named(text: str, keys: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """``(spec without the swept option, the option, its values as written)`` of a sweep over a named option,
+    ``NAME:[KEY=VALUE,...,]KEY=V1,V2,...`` — the option is one of ``keys`` (a defense's ``also_sweeps``, e.g.
+    dpsgd's ``epsilon``) and every item after it is a number — else None. So ``dpsgd:epsilon=0.5,1,2`` is DP-SGD
+    aimed at ε = 0.5, 1 and 2, and ``dpsgd:max_grad_norm=2,epsilon=1,4`` the same with C = 2."""
+    name, colon, rest = text.partition(":")
+    if not colon or not keys:
+        return None
+    items = [item.strip() for item in rest.split(",")]
+    for i, item in enumerate(items):
+        key, eq, first = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in keys:
+            continue
+        tokens = [first.strip(), *items[i + 1:]]
+        if all(_number(t) is not None for t in tokens) and all("=" in x for x in items[:i]):
+            return ":".join((name, ",".join(items[:i]))) if i else name, key, tokens
+        return None
+    return None
+
+
 @dataclass(frozen=True)
 class DefenseSweep:
     """One ``--defense`` of a sweep: the defense, the options kept fixed, and its points — (strength, the configured
@@ -131,6 +157,12 @@ def parse_sweep(text: str) -> DefenseSweep:
     """A sweep's ``--defense``, every point built and validated as :func:`gleak.defenses.parse_defense` validates one
     spec (unknown defense or key, a bad value: one line naming it and the choices)."""
     spec, tokens = split_sweep(text)
+    named = None
+    if tokens is None and "=" not in spec.partition(":")[0]:
+        cls = DEFENSES.get(spec.partition(":")[0].strip())
+        named = split_named(spec, cls.also_sweeps) if cls is not None else None
+    if named is not None:
+        spec, _, tokens = named
     if tokens is None and "=" in spec.partition(":")[0]:
         raise GleakError(f"{FLAG} {shorten(repr(text), 60)}: expected {SPEC_SYNTAX}; the strengths after the last "
                          "'=' must be numbers separated by commas")
@@ -139,10 +171,13 @@ def parse_sweep(text: str) -> DefenseSweep:
     except GleakError as e:
         raise GleakError(f"{e}; a sweep's strengths follow the whole spec: {SPEC_SYNTAX}") from None
     cls = DEFENSES.lookup(name, where=f"{FLAG}: ")
-    strength = cls.strength
+    strength = named[1] if named is not None else cls.strength
+    if tokens is None:  # one point: a named alternative strength given (dpsgd:epsilon=2,delta=1e-6) is its strength
+        strength = next((k for k in cls.also_sweeps if k in fixed), strength)
 
     def value_of(defense: Defense) -> float | None:
-        return float(getattr(defense.options, strength)) if strength else None
+        value = getattr(defense.options, strength) if strength else None
+        return None if value is None else float(value)
 
     if tokens is None:
         defense = build_defense(cls, fixed, FLAG)
@@ -154,6 +189,7 @@ def parse_sweep(text: str) -> DefenseSweep:
     if strength in fixed:
         raise GleakError(f"{FLAG} {shorten(text, 60)}: {strength} is the strength the sweep varies; give its values "
                          f"after '=' only, not also as {strength}={fixed[strength]}")
+    assert strength is not None
     sources = {k: f"{FLAG} {cls.name}:{k}" for k in fixed}
     points: list[tuple[float | None, Defense]] = []
     values: list[float] = []
@@ -303,6 +339,7 @@ class PointResult:
     chance: dict[str, float | None]
     utility: dict[str, float]
     epsilon: float | None = None
+    epsilon_terms: EpsilonTerms | None = None
 
 
 Point = tuple[int, int]  # (defense index, strength index); BASE_POINT: the undefended baseline
@@ -327,6 +364,7 @@ class _Setup:
     max_memory: int | None
     forward_cache: dict[str, Any] = field(default_factory=dict)
     calibration_cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    model_sha256: str = ""  # the model's tensors hash, kept when the model is released (audit --sweep checks it)
 
     @classmethod
     def open(cls, request: SweepRequest) -> _Setup:
@@ -343,7 +381,8 @@ class _Setup:
             from gleak.generator.file import load_generator
 
             generator = load_generator(request.generator, device)
-        return cls(request, sweeps, plan, loaded, data, aux, generator, device, default_max_memory())
+        return cls(request, sweeps, plan, loaded, data, aux, generator, device, default_max_memory(),
+                   model_sha256=loaded.weights_sha256)
 
     def held(self) -> tuple[LoadedModel, Dataset]:
         """The model and the client's data (a RuntimeError once :meth:`release` dropped them)."""
@@ -387,17 +426,18 @@ def run_trial(setup: _Setup, trial: int, tick: Callable[[str], None] | None = No
         tick(setup.describe(BASE_POINT))
     for i, sweep in enumerate(setup.sweeps):
         for j, (_, defense) in enumerate(sweep.points):
-            epsilon = None
+            epsilon, terms = None, None
             if defense.training:  # the same batch, trained with the defense
                 defended, dp_truth = simulate_client(loaded.module, data,
                                                      replace(config, defenses=(defense,)), setup.device)
                 if not torch.equal(dp_truth.labels, truth.labels):
                     raise RuntimeError("the defended client drew another batch than the undefended one")
-                epsilon = float(defended.value("gleak.dp.epsilon"))
+                epsilon, terms = float(defended.value("gleak.dp.epsilon")), terms_of(defended.meta)
             else:
                 defended = apply_defenses(clean, [defense], seed)
             utility = contribution_distortion(clean, defended)
             out[(i, j)] = _score(setup, defended, truth, seed, utility, epsilon)
+            out[(i, j)].epsilon_terms = terms
             if tick:
                 tick(setup.describe((i, j)))
     return out
@@ -566,7 +606,8 @@ def run_sweep(request: SweepRequest, progress: Progress | None = None) -> SweepR
     plan = setup.plan
     m = request.model
     settings = SweepSettings(
-        model=str(m.path), arch=m.arch, data=str(request.data), aux=str(request.aux) if request.aux else None,
+        model=str(m.path), model_sha256=setup.model_sha256, arch=m.arch, data=str(request.data),
+        aux=str(request.aux) if request.aux else None,
         generator=str(request.generator) if request.generator else None, batch_size=request.batch_size,
         local_steps=request.local_steps, scheme="fedsgd" if request.scheme == "fedsgd" else "fedavg",
         trials=request.trials, seed=request.seed, trial_stride=TRIAL_STRIDE,
@@ -611,6 +652,8 @@ def _rows(setup: _Setup, trials: list[Trial]) -> list[SweepRow]:
         utility = SweepUtility(**{k: _round(v) for k, v in means.items()})
         epsilons = [r.epsilon for r in results if r.epsilon is not None]
         epsilon = _mean(epsilons)
+        # the same in every trial: q is B over the client's data size, the steps --local-steps, z picked for them
+        terms = next((r.epsilon_terms for r in results if r.epsilon_terms is not None), None)
         for attack in attacks:
             scores = [s for r in results if (s := r.scores.get(attack)) is not None]
             chances = [c for r in results if (c := r.chance.get(attack)) is not None]
@@ -621,5 +664,5 @@ def _rows(setup: _Setup, trials: list[Trial]) -> list[SweepRow]:
                 std=_round(statistics.stdev(scores)) if len(scores) > 1 else (0.0 if scores else None),
                 trials=len(scores), failed=len(results) - len(scores),
                 reason=shorten(" ".join(reason.split()), 300) if reason else None,
-                chance=_mean(chances), utility=utility, epsilon=epsilon))
+                chance=_mean(chances), utility=utility, epsilon=epsilon, epsilon_terms=terms))
     return rows

@@ -208,7 +208,8 @@ def prepare(ctx: Context, labels: str, truth: Truth | None, want_feature: bool) 
     evidence: dict[str, float] = {}
     if labels == "truth":
         if truth is None:
-            raise GleakError("--labels truth needs the ground-truth file (NAME.truth.safetensors or --truth)")
+            raise GleakError("--labels truth needs the ground truth: no NAME.truth.safetensors beside the capture "
+                             "and no --truth FILE")
         targets, source = targets_from_truth(truth, ctx), "truth"
     elif labels == "auto":
         if ctx.batch_size == 1:

@@ -320,12 +320,17 @@ def print_run(console: Console, report: Report) -> None:
 def print_audit(console: Console, report: Report) -> None:
     """The console summary: findings by severity, one row per capture, the verdict."""
     from gleak.report.model import SEVERITIES, severity_rank
+    from gleak.report.verdict import grouped_notices, has_run, notice_text, verdict
 
     by_capture: dict[str, list[Any]] = {}
     for f in report.findings:
         by_capture.setdefault(f.capture, []).append(f)
     counts = {s: sum(f.severity == s for f in report.findings) for s in SEVERITIES}
     summary = "  ".join(f"[{STYLE[s]}]{s} {n}[/]" for s, n in reversed(counts.items()) if n)
+    answer = verdict(report)
+    console.print(f"{_status(answer.status)}: {escape(answer.headline)}", soft_wrap=True)  # the answer first
+    if answer.run_line:
+        console.print(f"run: {escape(answer.run_line)}", soft_wrap=True)
     console.print(f"[bold]gleak audit[/] ({report.budget}): {len(report.captures)} capture(s), "
                   f"{len(report.findings)} finding(s)" + (f": {summary}" if summary else ""), soft_wrap=True)
     folder, names = short_names([c.capture.path for c in report.captures])
@@ -367,20 +372,27 @@ def print_audit(console: Console, report: Report) -> None:
     for f in sorted(report.findings, key=lambda f: -severity_rank(f.severity)):
         console.print(f"[{STYLE[f.severity]}]{f.severity:>8}[/] {f.rule} {escape(f.capture)}: {escape(f.title)}",
                       soft_wrap=True)
-    for n in report.notices:
-        console.print(f"[yellow]note[/] {n.code} {escape(n.capture or '')}: {escape(n.message)}", soft_wrap=True)
-    if report.run is not None:
+    for group in grouped_notices(report.notices):
+        console.print(f"[yellow]note[/] {escape(notice_text(group))}", soft_wrap=True)
+    if has_run(report):
         print_run(console, report)
+    # the verdict again, last: where a CI log is read from
     if report.has_errors():
         console.print("[bold red]some captures could not be audited (exit 2)[/]")
     elif report.fail_on == "none":
-        console.print("verdict: reported only (--fail-on none)")
+        console.print(f"{_status('GATE OFF')}: {escape(verdict(report).headline)}")
     elif report.failed():
         console.print(f"[bold red]FAIL[/]: a finding at or above --fail-on {report.fail_on}"
                       + (f" --fail-rounds {report.fail_rounds}" if report.fail_rounds != "any" else "") + " (exit 1)")
     else:
         console.print(f"[bold green]PASS[/]: no finding at or above --fail-on {report.fail_on}"
                       + (f" --fail-rounds {report.fail_rounds}" if report.fail_rounds != "any" else ""))
+
+
+def _status(status: str) -> str:
+    """The verdict word, styled: FAIL and ERROR red, PASS green, GATE OFF plain (never green)."""
+    style = {"FAIL": "bold red", "ERROR": "bold red", "PASS": "bold green"}.get(status, "bold")
+    return f"[{style}]{status}[/]"
 
 
 def print_inspect(console: Console, info: Mapping[str, Any], verbose: bool,

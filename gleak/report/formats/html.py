@@ -21,7 +21,9 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from gleak.report.model import SEVERITIES, AttackEntry, CaptureReport, Report, SweepReport, Thresholds, severity_rank
+from gleak.report.privacy import statement
 from gleak.report.run_view import clear_text, gate_text
+from gleak.report.verdict import grouped_notices, has_run, verdict
 
 NAME = "html"
 FILENAME = "report.html"
@@ -197,6 +199,12 @@ def _file_ref(label: str, ref: Any) -> dict[str, str] | None:
     return {"label": label, "path": ref.path, "sha": short_sha(ref.sha256), "sha_full": ref.sha256 or ""}
 
 
+LINEUP_LEGEND = ("How to read it: one row per reconstruction. The first column is the reconstruction; the others are "
+                 "its lineup, the true input and look-alikes of the same class from the auxiliary data, ordered from "
+                 "most to least similar to the reconstruction. Green frame: the true input came first (identified). "
+                 "Blue frame: it did not, and the look-alike that beat it is framed red.")
+
+
 def _attack_context(attack: AttackEntry, out_dir: Path | None) -> dict[str, Any]:
     scores = attack.scores or {}
     shown = {key: format_score(key, scores.get(key)) for key in SCORE_KEYS if key in scores}
@@ -206,7 +214,8 @@ def _attack_context(attack: AttackEntry, out_dir: Path | None) -> dict[str, Any]
         if not relative.lower().endswith(".png"):
             continue
         uri, why = embed_png(out_dir, relative)
-        images.append({"path": relative, "uri": uri, "why": why})
+        images.append({"path": relative, "uri": uri, "why": why,
+                       "legend": LINEUP_LEGEND if relative.lower().endswith("lineup.png") else ""})
     return {
         "attack": attack.attack,
         "task": attack.task,
@@ -238,6 +247,7 @@ def _capture_context(index: int, capture: CaptureReport, out_dir: Path | None) -
         ("last layer", capture.last_layer),
         ("model mode", capture.model_mode),
         ("defenses", " then ".join(_defense_text(d) for d in capture.defense) if capture.defense else None),
+        ("DP-SGD", statement(capture.epsilon, capture.epsilon_terms)),
         ("seconds", f"{capture.seconds:.2f}"),
     ]
     refs = [_file_ref(label, ref) for label, ref in
@@ -321,6 +331,11 @@ def sweep_context(sweep: SweepReport | None) -> dict[str, Any] | None:
     return {"settings": settings_text(sweep), "notices": sweep.notices, "defenses": defenses, "legend": LEGEND}
 
 
+VERDICT_CLASS = {"PASS": "pass", "FAIL": "fail", "GATE OFF": "off", "ERROR": "error"}
+MAX_NAMED = 5  # captures named under a grouped notice (the JSON lists them all)
+MAX_OPEN_LIST = 20  # longer lists (captures, findings past the worst 20) start collapsed
+
+
 def context(report: Report, out_dir: Path | None = None, sweep: SweepReport | None = None) -> dict[str, Any]:
     """Everything the template shows, as plain strings, numbers and the chart's Markup (``sweep``: a defense sweep
     to show beside the audit)."""
@@ -330,8 +345,13 @@ def context(report: Report, out_dir: Path | None = None, sweep: SweepReport | No
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in SEVERITIES}
     findings = sorted(report.findings, key=lambda f: -severity_rank(f.severity))
     thresholds = report.thresholds.model_dump()
+    answer = verdict(report)
     return {
-        "verdict": "FAIL" if report.failed() else "PASS",
+        "verdict": answer.status,
+        "verdict_class": VERDICT_CLASS[answer.status],
+        "headline": answer.headline,
+        "counts_text": answer.counts_text,
+        "run_line": answer.run_line,
         "worst": report.worst() or "none",
         "fail_on": report.fail_on,
         "severities": list(SEVERITIES),
@@ -352,8 +372,11 @@ def context(report: Report, out_dir: Path | None = None, sweep: SweepReport | No
             }
             for f in findings
         ],
-        "notices": report.notices,
+        "notices": [{"code": g.code, "count": g.count, "message": g.message, "captures": g.captures[:MAX_NAMED],
+                     "more": max(0, len(g.captures) - MAX_NAMED)} for g in grouped_notices(report.notices)],
         "captures": [_capture_context(i, c, out_dir) for i, c in enumerate(report.captures)],
+        "captures_open": len(report.captures) <= MAX_OPEN_LIST,
+        "findings_shown": MAX_OPEN_LIST,
         "has_errors": report.has_errors(),
         "run": [
             ("budget", report.budget),
@@ -365,7 +388,7 @@ def context(report: Report, out_dir: Path | None = None, sweep: SweepReport | No
             ("seconds", f"{report.seconds:.2f}"),
         ],
         "command": shlex.join(report.command) if report.command else "",
-        "rounds_view": run_context(report),
+        "rounds_view": run_context(report) if has_run(report) else None,
         "sweep": sweep_context(sweep),
         "sort_script": Markup(SORT_SCRIPT) if report.run is not None else "",
         "script_hash": SORT_SCRIPT_HASH if report.run is not None else "",

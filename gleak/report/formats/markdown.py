@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gleak.report.model import AttackEntry, CaptureReport, Report, RoundSummary, RunView, severity_rank
 from gleak.report.run_view import clear_text, gate_text
+from gleak.report.verdict import grouped_notices, has_run, notice_text, verdict
 
 MAX_ROUND_ROWS = 50  # longer runs: the first and the last rounds, an ellipsis row between
 MAX_CLIENT_ROWS = 10  # the worst clients
@@ -134,18 +135,21 @@ def run_section(report: Report, view: RunView) -> list[str]:
 
 def render(report: Report, out_dir: Path | None = None) -> str:
     """The summary as GitHub-flavoured Markdown (``out_dir`` is not needed: nothing is embedded)."""
-    verdict = "FAIL" if report.failed() else "PASS"
-    icon = "❌" if verdict == "FAIL" else "✅"
+    answer = verdict(report)
+    icon = {"FAIL": "❌", "ERROR": "❌", "GATE OFF": "⚪", "PASS": "✅"}[answer.status]
     worst = report.worst()
     lines = [
-        f"## {icon} gleak audit: **{verdict}**",
+        f"## {icon} gleak audit: **{answer.status}**",
         "",
-        f"Worst finding: **{worst or 'none'}** (fails at {gate_text(report)}); "
-        f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}, "
+        f"{md_escape(answer.headline)}.",
+        "",
+        f"Worst finding: **{worst or 'none'}** (fails at {gate_text(report)}); {md_escape(answer.counts_text)}; "
         f"{len(report.captures)} capture{'s' if len(report.captures) != 1 else ''}, budget {report.budget}, "
         f"gleak {md_escape(report.gleak_version)}.",
         "",
     ]
+    if answer.run_line:
+        lines += [f"Run: {md_escape(answer.run_line)}.", ""]
     if report.findings:
         lines += ["### Findings", "",
                   "| Severity | Capture | Rule | Finding | Metric | Measured | Chance | Threshold |",
@@ -158,7 +162,7 @@ def render(report: Report, out_dir: Path | None = None) -> str:
         lines.append("")
     else:
         lines += ["No findings.", ""]
-    if report.run is not None:
+    if report.run is not None and has_run(report):
         lines += run_section(report, report.run)
     if report.captures:
         lines += ["### Captures", "",
@@ -168,9 +172,7 @@ def render(report: Report, out_dir: Path | None = None) -> str:
         lines.append("")
     if report.notices:
         lines += ["### Notices", ""]
-        for n in report.notices:
-            where = f" ({md_escape(n.capture)})" if n.capture else ""
-            lines.append(f"- {md_escape(n.code)}{where}: {md_escape(n.message)}")
+        lines += [f"- {md_escape(notice_text(group))}" for group in grouped_notices(report.notices)]
         lines.append("")
     if report.command:
         lines += ["Reproduce: " + md_escape(shlex.join(report.command)), ""]

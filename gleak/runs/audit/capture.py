@@ -23,7 +23,8 @@ from gleak.errors import GleakError, shorten
 from gleak.io import companion_exists, file_sha256
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel
-from gleak.report.model import AttackEntry, CaptureReport, FileRef, Finding, Notice
+from gleak.report.model import AttackEntry, CaptureReport, EpsilonTerms, FileRef, Finding, Notice
+from gleak.report.privacy import terms_of
 from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
@@ -32,6 +33,12 @@ from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import NO_LINEUP, finite, identification_of
 
 CaptureResult = tuple[CaptureReport, list[Finding], list[Notice]]
+
+
+def _epsilon(capture: Capture) -> tuple[float | None, EpsilonTerms | None]:
+    """The ε a DP-SGD capture records, with its terms (gleak.dp.*); (None, None) without one."""
+    terms = terms_of(capture.meta)
+    return (float(capture.meta["gleak.dp.epsilon"]), terms) if terms is not None else (None, None)
 
 
 def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Dataset]], config: AuditConfig,
@@ -44,6 +51,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         capture = load_capture(path)
         report.round, report.client = capture.get("gleak.fl.round"), capture.get("gleak.fl.client_id")
         report.defense = recorded_defenses(capture) or None
+        report.epsilon, report.epsilon_terms = _epsilon(capture)
         model_path, loaded = models.match(capture)
         report.model = FileRef(path=str(model_path), sha256=loaded.weights_sha256 or None)
         truth_file = truth_path_for(path)
@@ -72,6 +80,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     report = report or CaptureReport(capture=FileRef(path=label), round=capture.get("gleak.fl.round"),
                                      client=capture.get("gleak.fl.client_id"),
                                      defense=recorded_defenses(capture) or None)
+    if report.epsilon is None:
+        report.epsilon, report.epsilon_terms = _epsilon(capture)
     path = report.capture.path
     notices: list[Notice] = []
     stages = report.stage_seconds = dict(report.stage_seconds or {})

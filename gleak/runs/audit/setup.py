@@ -13,7 +13,7 @@ from typing import Any
 
 from gleak.capture import Capture
 from gleak.data import Dataset
-from gleak.errors import GleakError, choose, shorten
+from gleak.errors import GleakError, Origin, choose
 from gleak.io import probe_input, safetensors_kind, show
 from gleak.models import LoadedModel, load_model
 from gleak.report.model import (
@@ -80,11 +80,12 @@ class AuditConfig:
         return {**(budget or {}), **self.options.get(name, {})}
 
 
-def parse_fail_rounds(value: str) -> str:
-    """``any``, ``all`` or ``last:K`` (K ≥ 1), normalised; anything else is one line naming the choices."""
+def parse_fail_rounds(value: str, origin: Origin | None = None) -> str:
+    """``any``, ``all`` or ``last:K`` (K ≥ 1), normalised; anything else is one line naming the choices and where
+    the value came from (``origin``: --fail-rounds unless told)."""
     normal = normal_fail_rounds(value)
     if normal is None:
-        raise GleakError(f"--fail-rounds {shorten(repr(value), 60)}: expected {FAIL_ROUNDS_EXPECTED}")
+        raise GleakError((origin or Origin("--fail-rounds")).bad(value, f"must be {FAIL_ROUNDS_EXPECTED}"))
     return normal
 
 
