@@ -78,6 +78,8 @@ class AuditFileSettings(BaseModel):
                                     "table or a JSON string), as --arch-kwargs takes it")
     threshold: dict[str, float] | None = None
     option: dict[str, dict[str, str | int | float | bool]] | None = Field(None, alias="options")
+    max_epsilon: float | None = Field(None, alias="max-epsilon", gt=0, allow_inf_nan=False,
+                                      description="the privacy budget (--max-epsilon)")
 
     @field_validator("fail_rounds")
     @classmethod

@@ -312,7 +312,7 @@ def test_bad_jobs_are_one_line(gleak) -> None:
 
 
 ENV_VALUES = {"budget": "quick", "fail_on": "low", "fail_rounds": "last:2", "format": "json", "executor": "local",
-              "address": "127.0.0.1:6379", "jobs": "2"}
+              "address": "127.0.0.1:6379", "jobs": "2", "max_epsilon": "4.0"}
 
 
 def test_show_config_names_the_variable_each_setting_was_read_from(gleak, tmp_path: Path, monkeypatch) -> None:

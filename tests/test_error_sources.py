@@ -45,7 +45,7 @@ def one_error_line(r) -> str:  # type: ignore[no-untyped-def]
     ("GLEAK_FORMAT", "jsn", "GLEAK_FORMAT='jsn' must be a comma-separated list of table, json, html, sarif, md, "
                             "junit; did you mean 'json'?"),
     ("GLEAK_EXECUTOR", "rya", "GLEAK_EXECUTOR='rya' must be one of local, ray; did you mean 'ray'?"),
-    ("GLEAK_RAY_ADDRESS", "10.0.0.1:6379", "GLEAK_RAY_ADDRESS='10.0.0.1:6379' is a Ray cluster's address: use it "
+    ("GLEAK_RAY_ADDRESS", "127.0.0.1:6379", "GLEAK_RAY_ADDRESS='127.0.0.1:6379' is a Ray cluster's address: use it "
                                            "with --executor ray (the executor is 'local', from the default)"),
     ("GLEAK_JOBS", "0", "GLEAK_JOBS='0' must be auto or a whole number from 1 to 256"),
     ("GLEAK_THREADS", "0", "Invalid value for '--threads' (env var: 'GLEAK_THREADS'): must be a finite number ≥ 1"),

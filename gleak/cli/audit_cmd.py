@@ -96,6 +96,10 @@ def audit(
     lineup: Annotated[int, typer.Option("--lineup", callback=number(1, 99), help="Distractors beside each true "
                                         "image in the identification lineup of GLEAK-IMAGES (chance 1 / "
                                         "(K + 1)).")] = 9,
+    max_epsilon: Annotated[float | None, typer.Option(
+        "--max-epsilon", envvar="GLEAK_MAX_EPSILON", metavar="EPSILON", callback=number(0, low_open=True),
+        help="Privacy budget: a finding (GLEAK-DP-BUDGET, high) for every client whose ε, composed over the rounds "
+        "of the run from what its captures record (DP-SGD or Flower's LocalDpMod), exceeds it.")] = None,
     jobs: JobsOpt = "auto",
     executor: Annotated[str, typer.Option("--executor", envvar="GLEAK_EXECUTOR", help="local (this machine's "
                                           "processes) or ray (a Ray cluster; the ray extra: pip install -e "
@@ -131,7 +135,8 @@ def audit(
     given = {"budget": budget, "fail_on": fail_on, "fail_rounds": fail_rounds,
              "format": format, "lpips": str(lpips), "jobs": jobs, "seed": seed,
              "device": device, "model": model, "aux": aux, "arch": arch, "arch_kwargs": arch_kwargs,
-             "threshold": threshold, "option": option, "executor": executor, "address": address}
+             "threshold": threshold, "option": option, "executor": executor, "address": address,
+             "max_epsilon": max_epsilon}
     effective, sources = merge_config(ctx, given, loaded)
     origins = {key: origin_of(ctx, key, sources[key], loaded) for key in OPTION_KEYS}
     if show_config:
@@ -187,7 +192,7 @@ def audit(
                          thresholds=parse_thresholds(threshold or []), options=assignments,
                          seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
                          confidence=confidence, max_memory=gigabytes(max_memory), lineup=lineup,
-                         model_cache=model_cache,
+                         model_cache=model_cache, max_epsilon=effective["max_epsilon"],
                          trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
                          command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
                          ["gleak", "audit", *[str(p) for p in paths]])
@@ -202,7 +207,7 @@ def audit(
         from gleak.io import OutputSet
 
         with OutputSet(output, True) as out:
-            if report.run is not None and report.run.series and has_run(report):
+            if report.run is not None and has_run(report):  # the series' plots, or ε alone
                 from gleak.report.plots import run_plots
 
                 for name, data in run_plots(report.run).items():
@@ -241,7 +246,7 @@ def audit(
 
 OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
                "lpips", "jobs", "executor", "address", "seed", "device", "model",
-               "aux", "arch", "arch_kwargs", "threshold", "option")
+               "aux", "arch", "arch_kwargs", "threshold", "option", "max_epsilon")
 
 
 def _source_name(ctx: typer.Context, key: str) -> str | None:

@@ -240,6 +240,40 @@ class ClientSummary(_Model):
     series_max: dict[str, float] = Field(default_factory=dict, description="per series, its largest value")
 
 
+class EpsilonAfterRound(_Model):
+    """A client's cumulative ε after one round it trained in."""
+
+    round: int | None = Field(description="the round (null: a capture without a round, composed last)")
+    epsilon: Finite | None = Field(description="ε composed over every round so far; null when unknown (reason)")
+    reason: str | None = Field(None, description="why ε is unknown: the first round that records no DP, or no "
+                               "finite bound (z = 0)")
+    sample_rate: Finite | None = Field(None, description="q of this round's noisy steps (gleak.dp.sample_rate)")
+    steps: int | None = Field(None, description="this round's noisy steps (gleak.dp.steps)")
+    noise_multiplier: Finite | None = Field(None, description="z of this round (gleak.dp.noise_multiplier)")
+
+
+class ClientPrivacy(_Model):
+    """One client's privacy spent over the run, round by round."""
+
+    client: str | None = Field(description="gleak.fl.client_id; null: a capture that records none")
+    rounds: list[EpsilonAfterRound] = Field(default_factory=list, description="in round order")
+    epsilon: Finite | None = Field(None, description="after its last round (null: unknown, see the rounds)")
+    over_budget_round: int | None = Field(None, description="the first round whose cumulative ε exceeds "
+                                          "max_epsilon, when one does")
+
+
+class RunPrivacy(_Model):
+    """Differential privacy accounted over the run: each client's cumulative ε after each round, composed by
+    Opacus's accountant from what its captures record (gleak.dp.*), at one δ stated once."""
+
+    delta: Finite = Field(gt=0, description="δ every ε here holds at")
+    accountant: Literal["rdp", "prv"]
+    kind: str = Field(description="what is accounted: local DP-SGD on each client (gleak.dp.*)")
+    max_epsilon: Finite | None = Field(None, description="the budget --max-epsilon set, else null")
+    clients: list[ClientPrivacy] = Field(default_factory=list, description="largest ε first; unknown last")
+    notes: list[str] = Field(default_factory=list, description="what the accounting assumed or could not do")
+
+
 class RunView(_Model):
     """The captures grouped by round and client (gleak.fl.round / gleak.fl.client_id), computed from the captures'
     scores and findings in this report: no attack runs again for it."""
@@ -252,6 +286,8 @@ class RunView(_Model):
     series_clear_from: dict[str, int | None] = Field(default_factory=dict, description="per series with a rule: the "
                                                      "first round from which no capture has a finding of that rule")
     plots: list[str] = Field(default_factory=list, description="PNG files written beside the report (with -o)")
+    privacy: RunPrivacy | None = Field(None, description="ε accounted over the run, when a capture records DP-SGD "
+                                       "(gleak.dp.*)")
 
 
 class Report(_Model):

@@ -32,6 +32,8 @@ def figure(view: RunView, info: SeriesInfo) -> Figure:
     """The series ``info`` of ``view`` over the known rounds (the unknown-round group is left out: it has no x)."""
     from matplotlib.figure import Figure
 
+    if info.name == EPSILON_SERIES.name:  # ε alone: the rounds of the run, no leakage line
+        return _epsilon_figure(view, [r.round for r in view.rounds if r.round is not None], info)
     points = [(r.round, r.series[info.name]) for r in view.rounds if r.round is not None and info.name in r.series]
     fig = Figure(figsize=(6.4, 3.0), dpi=100, layout="constrained")
     ax = fig.add_subplot()
@@ -49,6 +51,51 @@ def figure(view: RunView, info: SeriesInfo) -> Figure:
     ax.set_title(info.title, fontsize=10)
     if xs and all(float(x).is_integer() for x in xs) and max(xs) - min(xs) <= 20:
         ax.set_xticks(range(min(xs), max(xs) + 1))
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if view.privacy is not None and xs:  # ε over the same rounds, on a second axis: leakage and ε in one figure
+        from gleak.report.privacy import short_number
+        from gleak.report.run_privacy import epsilon_by_round
+
+        eps = epsilon_by_round(view.privacy, xs)
+        shown = [(x, e) for x, e in zip(xs, eps, strict=True) if e is not None]
+        if shown:
+            twin = ax.twinx()
+            twin.plot([x for x, _ in shown], [e for _, e in shown], color="#059669", marker=marker, markersize=3,
+                      label=f"largest cumulative ε (δ = {short_number(view.privacy.delta)}, "
+                            f"{view.privacy.accountant.upper()})")
+            if view.privacy.max_epsilon is not None:
+                twin.axhline(view.privacy.max_epsilon, color="#059669", linestyle=":", linewidth=1,
+                             label=f"budget ε = {short_number(view.privacy.max_epsilon)}")
+            twin.set_ylabel("cumulative ε")
+            twin.set_ylim(bottom=0)
+            more_handles, more_labels = twin.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
+    ax.legend(handles, labels, fontsize=8, loc="best")
+    return fig
+
+
+def _epsilon_figure(view: RunView, xs: list[int], info: SeriesInfo) -> Figure:
+    from matplotlib.figure import Figure
+
+    from gleak.report.privacy import short_number
+    from gleak.report.run_privacy import epsilon_by_round
+
+    fig = Figure(figsize=(6.4, 3.0), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    privacy = view.privacy
+    assert privacy is not None
+    shown = [(x, e) for x, e in zip(xs, epsilon_by_round(privacy, xs), strict=True) if e is not None]
+    ax.plot([x for x, _ in shown], [e for _, e in shown], color="#059669", marker="o" if len(shown) <= 40 else None,
+            markersize=3, label=f"largest cumulative ε (δ = {short_number(privacy.delta)}, "
+                                f"{privacy.accountant.upper()})")
+    if privacy.max_epsilon is not None:
+        ax.axhline(privacy.max_epsilon, color="#059669", linestyle=":", linewidth=1,
+                   label=f"budget ε = {short_number(privacy.max_epsilon)}")
+    ax.set_xlabel("round")
+    ax.set_ylabel(info.metric)
+    ax.set_ylim(bottom=0)
+    ax.set_title(info.title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return fig
@@ -95,6 +142,17 @@ def svg_markup(view: RunView, info: SeriesInfo) -> str:
     return named_svg(text[text.index("<svg"):], info.title, "run-plot")
 
 
+EPSILON_SERIES = SeriesInfo(name="epsilon", title="cumulative ε over rounds", metric="cumulative ε")
+
+
+def plotted_series(view: RunView) -> list[SeriesInfo]:
+    """The series the run view draws: each leakage series (with ε beside it when the run accounts privacy), or ε
+    alone when the run accounts privacy but has no leakage series."""
+    if view.series:
+        return list(view.series)
+    return [EPSILON_SERIES] if view.privacy is not None else []
+
+
 def run_plots(view: RunView) -> dict[str, bytes]:
     """Every series' PNG, by file name."""
-    return {plot_name(info): png_bytes(view, info) for info in view.series}
+    return {plot_name(info): png_bytes(view, info) for info in plotted_series(view)}

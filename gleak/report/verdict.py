@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gleak.report.model import SEVERITIES, Notice, Report, RunView, severity_rank
+from gleak.report.privacy import short_number
+from gleak.report.run_privacy import largest_epsilon
 from gleak.report.run_view import clear_text, gate_text
 
 Status = Literal["ERROR", "FAIL", "GATE OFF", "PASS"]
@@ -74,6 +76,11 @@ def run_line(report: Report) -> str:
     if clear:
         parts.append(clear)
     parts += _series_clear(view)
+    top = largest_epsilon(view.privacy)
+    if top is not None and view.privacy is not None:
+        who = "" if top[1] is None else f" (client {top[1]})"
+        parts.append(f"largest ε = {short_number(top[0])}{who} at δ = {short_number(view.privacy.delta)} "
+                     f"({view.privacy.accountant.upper()}, composed over its rounds)")
     return "; ".join(parts)
 
 

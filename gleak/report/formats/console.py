@@ -292,6 +292,16 @@ def print_run(console: Console, report: Report) -> None:
     clear = clear_text(view, report.fail_on)
     console.print(f"[bold]run[/]: {sum(r.round is not None for r in view.rounds)} round(s), {len(view.clients)} "
                   f"client(s); gate {gate_text(report)}" + (f"; {clear}" if clear else ""), soft_wrap=True)
+    if view.privacy is not None:
+        from gleak.report.run_privacy import client_statement
+
+        for client in view.privacy.clients[:3]:  # the largest ε first
+            who = client.client if client.client is not None else "(no client id)"
+            console.print(f"ε of client {escape(who)}: {escape(client_statement(view.privacy, client))}"
+                          + (f" [red](over budget from round {client.over_budget_round})[/]"
+                             if client.over_budget_round is not None else ""), soft_wrap=True)
+        if len(view.privacy.clients) > 3:
+            console.print(f"… {len(view.privacy.clients) - 3} more clients' ε in report.json / report.html")
     table = Table(caption="max / median over each round's captures (chance)", caption_justify="left")
     for col in ("round", "captures", "worst", *names):
         table.add_column(col, no_wrap=True)

@@ -20,7 +20,16 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from gleak.report.model import SEVERITIES, AttackEntry, CaptureReport, Report, SweepReport, Thresholds, severity_rank
+from gleak.report.model import (
+    SEVERITIES,
+    AttackEntry,
+    CaptureReport,
+    Report,
+    RunPrivacy,
+    SweepReport,
+    Thresholds,
+    severity_rank,
+)
 from gleak.report.privacy import statement
 from gleak.report.run_view import clear_text, gate_text
 from gleak.report.verdict import grouped_notices, has_run, verdict
@@ -286,12 +295,35 @@ def _series_cell(point: Any) -> dict[str, str]:
     return {"text": f"{format_number(point.max)} / {format_number(point.median)}{chance}", "sort": f"{point.max}"}
 
 
+def _privacy_context(privacy: RunPrivacy | None) -> dict[str, Any] | None:
+    """The run's ε table: each client's final ε with its terms, the round it went over budget, its ε per round."""
+    if privacy is None:
+        return None
+    from gleak.report.privacy import short_number
+    from gleak.report.run_privacy import client_statement
+
+    def series(client: Any) -> str:
+        shown = [f"{'?' if r.round is None else r.round}: {'unknown' if r.epsilon is None else short_number(r.epsilon)}"
+                 for r in client.rounds[:40]]
+        more = f" … ({len(client.rounds) - 40} more in report.json)" if len(client.rounds) > 40 else ""
+        return ", ".join(shown) + more
+
+    return {"kind": privacy.kind, "accountant": privacy.accountant.upper(), "delta": short_number(privacy.delta),
+            "budget": short_number(privacy.max_epsilon) if privacy.max_epsilon is not None else "",
+            "notes": privacy.notes,
+            "clients": [{"label": c.client if c.client is not None else "(no client id)",
+                         "epsilon": "unknown" if c.epsilon is None else short_number(c.epsilon),
+                         "statement": client_statement(privacy, c),
+                         "over": "—" if c.over_budget_round is None else str(c.over_budget_round),
+                         "series": series(c)} for c in privacy.clients]}
+
+
 def run_context(report: Report) -> dict[str, Any] | None:
     """The run view for the template: plots (inline SVG), the per-round and per-client tables."""
     view = report.run
     if view is None:
         return None
-    from gleak.report.plots import svg_markup
+    from gleak.report.plots import plotted_series, svg_markup
 
     names = [s.name for s in view.series]
     rounds = [{
@@ -307,9 +339,10 @@ def run_context(report: Report) -> dict[str, Any] | None:
         "series": [{"text": format_number(c.series_max.get(n)), "sort": str(c.series_max.get(n, ""))} for n in names]}
         for c in view.clients]
     return {
+        "privacy": _privacy_context(view.privacy),
         "gate": gate_text(report), "clear_text": clear_text(view, report.fail_on),
         "series": [{"name": s.name, "title": s.title, "metric": s.metric + (f" ({s.unit})" if s.unit else ""),
-                    "svg": Markup(svg_markup(view, s))} for s in view.series],
+                    "svg": Markup(svg_markup(view, s))} for s in plotted_series(view)],
         "rounds": rounds, "clients": clients, "known_rounds": sum(r.round is not None for r in view.rounds),
     }
 

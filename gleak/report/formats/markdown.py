@@ -12,7 +12,8 @@ import math
 import shlex
 from pathlib import Path
 
-from gleak.report.model import AttackEntry, CaptureReport, Report, RoundSummary, RunView, severity_rank
+from gleak.report.model import AttackEntry, CaptureReport, Report, RoundSummary, RunPrivacy, RunView, severity_rank
+from gleak.report.plots import plotted_series
 from gleak.report.run_view import clear_text, gate_text
 from gleak.report.verdict import grouped_notices, has_run, notice_text, verdict
 
@@ -104,7 +105,7 @@ def run_section(report: Report, view: RunView) -> list[str]:
     lines = ["### Leakage over rounds", "",
              f"Gate: {gate_text(report)}" + (f"; {clear}" if clear else "") + ". Per round: max / median over its "
              "captures (chance in brackets).", ""]
-    lines += [f"![{md_escape(s.title)}]({name})" for s, name in zip(view.series, view.plots, strict=False)]
+    lines += [f"![{md_escape(s.title)}]({name})" for s, name in zip(plotted_series(view), view.plots, strict=False)]
     if view.plots:
         lines.append("")
     lines += ["| Round | Captures | Clients | Worst | " + " | ".join(md_escape(n) for n in names) + " |",
@@ -121,6 +122,8 @@ def run_section(report: Report, view: RunView) -> list[str]:
         gated = "" if r.gated else " (not gated)"
         lines.append(f"| {label}{gated} | {r.captures} | {r.clients} | {r.worst or 'none'} | "
                      + " | ".join(_point(r, n) for n in names) + " |")
+    if view.privacy is not None:
+        lines += ["", *privacy_lines(view.privacy)]
     lines += ["", "| Client | Captures | Rounds | Worst | Worst round | Worst finding |",
               "|---|---:|---:|---|---:|---|"]
     for c in view.clients[:MAX_CLIENT_ROWS]:
@@ -131,6 +134,26 @@ def run_section(report: Report, view: RunView) -> list[str]:
     if len(view.clients) > MAX_CLIENT_ROWS:
         lines.append(f"| … {len(view.clients) - MAX_CLIENT_ROWS} more clients (report.json, report.html) | | | | | |")
     return [*lines, ""]
+
+
+def privacy_lines(privacy: RunPrivacy) -> list[str]:
+    """ε over the run: one row per client (the largest first), its ε with its terms and the round it went over
+    the budget."""
+    from gleak.report.privacy import short_number
+    from gleak.report.run_privacy import client_statement
+
+    budget = f"; budget ε = {short_number(privacy.max_epsilon)}" if privacy.max_epsilon is not None else ""
+    lines = [f"**Privacy spent**: {md_escape(privacy.kind)}; composed with Opacus's {privacy.accountant.upper()} "
+             f"accountant at δ = {md_escape(short_number(privacy.delta))}{md_escape(budget)}.", ""]
+    lines += [f"- {md_escape(n)}" for n in privacy.notes]
+    lines += ["", "| Client | ε with its terms | Over budget from round |", "|---|---|---:|"]
+    for c in privacy.clients[:MAX_CLIENT_ROWS]:
+        name = md_escape(c.client) if c.client is not None else "(no client id)"
+        over = "—" if c.over_budget_round is None else str(c.over_budget_round)
+        lines.append(f"| {name} | {md_escape(client_statement(privacy, c))} | {over} |")
+    if len(privacy.clients) > MAX_CLIENT_ROWS:
+        lines.append(f"| … {len(privacy.clients) - MAX_CLIENT_ROWS} more clients (report.json) | | |")
+    return lines
 
 
 def render(report: Report, out_dir: Path | None = None) -> str:

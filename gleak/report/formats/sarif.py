@@ -103,6 +103,22 @@ RULES: dict[str, RuleInfo] = {
             "PSNR, SSIM and LPIPS are reported beside it; the lineup picture shows what was identified.\n\n"
             "## Mitigations\n\n" + _MITIGATIONS),
         default_severity="high"),
+    "GLEAK-DP-BUDGET": RuleInfo(
+        name="PrivacyBudgetExceeded",
+        short="A client's cumulative privacy loss ε exceeds the budget set with --max-epsilon.",
+        full=("Composed over every round the client trained in (Opacus's accountant, from the noise multiplier, "
+              "sample rate and steps its captures record), the client's ε passes the budget. The finding names "
+              "the round where it first does, the δ and the accountant."),
+        help_markdown=(
+            "# Privacy budget exceeded (GLEAK-DP-BUDGET)\n\n"
+            "`gleak audit --max-epsilon E` composes each client's differential-privacy loss over the rounds of the "
+            "run with Opacus's RDP (or PRV) accountant and reports every client whose cumulative ε exceeds E, at "
+            "the round where it first does. DP-SGD is accounted per example (record-level); Flower's LocalDpMod "
+            "per client update (client-level).\n\n"
+            "## Mitigations\n\n- Fewer rounds or local steps per client, a smaller sample rate, or more noise "
+            "(`dpsgd:epsilon=` picks the noise for a target ε).\n- Stop a client's participation when its budget "
+            "is spent.\n"),
+        default_severity="high"),
     "GLEAK-LABELS-AGREE": RuleInfo(
         name="LabelAttacksAgree",
         short="Independent label attacks agree on the batch's label counts.",

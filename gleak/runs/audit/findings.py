@@ -273,6 +273,9 @@ NOTICE_CODES = {
     "IMAGES_NOT_EXPECTED": "without truth, the expected image leakage was not simulated (the message says why)",
     "LPIPS_UNAVAILABLE": "LPIPS could not be computed (the message says why); identification, PSNR and SSIM were",
     "BATCH_SIZE_CONTRADICTED": "the capture's tensors show more examples or labels than its recorded batch size",
+    "DP_UNACCOUNTED": "a client's ε over the run is unknown from a round on: that round records no DP, or no finite "
+                      "bound (the message names the round)",
+    "MAX_EPSILON_UNUSED": "--max-epsilon was given but no capture records DP (gleak.dp.* or Flower's LocalDpMod)",
 }
 
 

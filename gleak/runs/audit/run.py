@@ -12,6 +12,7 @@ import torch
 
 from gleak import __version__
 from gleak.report.model import ExecutorName, Report
+from gleak.report.run_privacy import account_run, budget_findings, privacy_notices
 from gleak.report.run_view import build_run_view
 from gleak.reproducible import zero_timings
 from gleak.runs.audit.capture import CaptureResult
@@ -54,6 +55,12 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
         report.findings += entry[1]
         report.notices += entry[2]
     report.workers = stats.get("workers", 1)
+    privacy = account_run(report.captures, config.max_epsilon)  # ε over the run, before the view counts findings
+    report.notices += privacy_notices(privacy, config.max_epsilon)
+    if privacy is not None:
+        report.findings += budget_findings(privacy, report.captures)
     report.run = build_run_view(report)
+    if report.run is not None:
+        report.run.privacy = privacy
     report.seconds = round(time.perf_counter() - started, 3)
     return zero_timings(report)  # SOURCE_DATE_EPOCH set: identical files from identical runs

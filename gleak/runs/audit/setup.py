@@ -4,6 +4,7 @@ weights' hash and picks the auxiliary data that fits it."""
 
 from __future__ import annotations
 
+import math
 import typing
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,7 @@ class AuditConfig:
     max_memory: int | None = None  # bytes an attack may add (None: half the memory available when set up)
     lineup: int = 9  # K distractors beside each true image in the identification lineup (chance 1 / (K + 1))
     model_cache: int = DEFAULT_MODEL_CACHE  # models kept loaded at once; others are loaded when a capture needs them
+    max_epsilon: float | None = None  # the privacy budget: GLEAK-DP-BUDGET for a client whose run ε exceeds it
 
     def __post_init__(self) -> None:
         choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
@@ -69,6 +71,8 @@ class AuditConfig:
         self.fail_rounds = parse_fail_rounds(self.fail_rounds)
         if self.model_cache < 1:
             raise GleakError(f"--model-cache must be ≥ 1, got {self.model_cache}")
+        if self.max_epsilon is not None and not (math.isfinite(self.max_epsilon) and self.max_epsilon > 0):
+            raise GleakError(f"--max-epsilon must be a finite number > 0, got {self.max_epsilon!r}")
         if not 1 <= self.lineup <= 99:
             raise GleakError(f"--lineup must be between 1 and 99 distractors, got {self.lineup}")
         if self.max_memory is None:  # once, when the audit is set up: every capture gets the same budget
