@@ -16,7 +16,7 @@ from gleak.errors import GleakError, shorten
 ENV = "SOURCE_DATE_EPOCH"
 # the report fields that hold how long something took, zeroed when ENV is set (floats -> 0.0, the others -> None)
 TIMING_FIELDS = frozenset({"seconds", "total_seconds", "attack_seconds", "stage_seconds", "iterations_per_second",
-                           "evaluations_per_second"})
+                           "evaluations_per_second", "training_seconds"})
 
 
 def source_date_epoch() -> datetime | None:

@@ -13,7 +13,7 @@ from gleak.errors import LABELS_TRUTH_OFF
 from gleak.models import load_model
 from gleak.report.model import SweepReport
 
-from .conftest import FEDSGD, LENET, SAMPLES
+from .conftest import FEDSGD, LENET, MNIST_CLIENT, SAMPLES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -161,3 +161,10 @@ def test_a_sweep_of_this_model_is_shown_as_checked_and_one_without_a_hash_as_unc
     html = (tmp_path / "b" / "report.html").read_text()
     assert "this sweep records no model hash (settings.model_sha256): it was not checked against the audited " \
            "model" in html
+
+
+def test_the_sweep_names_gleak_jobs_too(gleak, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GLEAK_JOBS", "many")
+    result = gleak("sweep", "--model", LENET, "--data", MNIST_CLIENT, "--defense", "sign", "-o", tmp_path / "s")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "GLEAK_JOBS='many' must be auto or a whole number" in result.stderr

@@ -105,7 +105,8 @@ def test_sweep_json_validates_against_the_shipped_schema(swept: Path) -> None:
 
 
 def test_plots_and_markdown_with_accessible_names(swept: Path) -> None:
-    assert sorted(p.name for p in swept.iterdir()) == ["gaussian.png", "gaussian.svg", "sweep.json", "sweep.md"]
+    assert sorted(p.name for p in swept.iterdir()) == ["gaussian.png", "gaussian.svg", "privacy-utility.png",
+                                                       "privacy-utility.svg", "sweep.json", "sweep.md"]
     assert (swept / "gaussian.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     svg = (swept / "gaussian.svg").read_text()
     head = svg[svg.index("<svg"):svg.index(">", svg.index("<svg")) + 1]
@@ -130,7 +131,8 @@ def test_dpsgd_and_sign_and_the_same_seed_gives_the_same_rows(tmp_path: Path) ->
     assert all(r["epsilon"] is None for r in rows if r["defense"] != "dpsgd")
     assert [r["strength"] for r in rows if r["defense"] == "sign"] == [None, None]  # sign: no strength, one point
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names == ["dpsgd.png", "dpsgd.svg", "sign.png", "sign.svg", "sweep.json", "sweep.md"]
+    assert names == ["dpsgd.png", "dpsgd.svg", "privacy-utility.png", "privacy-utility.svg", "sign.png", "sign.svg",
+                     "sweep.json", "sweep.md"]
     md = (tmp_path / "a" / "sweep.md").read_text()
     assert "| ε at δ = 1e-5 (RDP; q = " in md and ", 1 step × 1 round) |" in md  # ε with its terms
     terms = [r["epsilon_terms"] for r in rows if r["defense"] == "dpsgd"]
@@ -337,3 +339,87 @@ def test_audit_refuses_a_bad_sweep_in_one_line(swept: Path, tmp_path: Path) -> N
         assert "Traceback" not in err and not out.exists(), name
     code, _, err = run("audit", FEDSGD, "-M", LENET, "--sweep", swept, "-f", "json")
     assert code == 2 and "add html to --format" in err
+
+
+# ----------------------------------------------------------------------------------------- utility as accuracy
+ACCURACY = (*BASE[:-4], "--trials", "1", "--jobs", "1", "-a", "llg", "--defense", "gaussian=1e-3,1",
+            "--utility", "accuracy", "--train-rounds", "10", "--train-steps", "10", "-q")
+
+
+def accuracies_of(folder: Path) -> dict[tuple[str, object], float]:
+    return {(r["defense"], r["strength"]): r["utility"]["accuracy"] for r in rows_of(folder)}
+
+
+def test_utility_accuracy_trains_under_each_defense_paired_and_seeded(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = run(*ACCURACY, "-o", tmp_path / "a")
+    assert code == 0, err
+    got = accuracies_of(tmp_path / "a")
+    assert set(got) == {("none", "none"), ("gaussian", 1e-3), ("gaussian", 1.0)}
+    assert all(0.0 <= a <= 1.0 for a in got.values())
+    base, weak, strong = got[("none", "none")], got[("gaussian", 1e-3)], got[("gaussian", 1.0)]
+    assert base > 0.4  # 100 SGD steps of B = 8: far above chance (0.1) on the held-out MNIST digits
+    assert strong < base - 0.25 and strong < 0.25  # σ = 1 on every weight of each round's update: no better than luck
+    assert weak > base - 0.15  # a little noise costs little
+    data = json.loads((tmp_path / "a" / "sweep.json").read_text())
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    training = data["settings"]["training"]
+    assert data["settings"]["utility"] == "accuracy" and training["eval_data"] is None
+    assert (training["train_size"], training["eval_size"], training["eval_fraction"]) == (2400, 600, 0.2)
+    assert (training["rounds"], training["local_steps"], training["batch_size"]) == (10, 10, 8)
+    assert data["training_seconds"] > 0
+    base_row = next(r for r in data["rows"] if r["defense"] == "none")
+    assert base_row["utility"]["cosine"] == 1.0 and base_row["utility"]["relative_l2_error"] == 0.0  # kept
+    md = (tmp_path / "a" / "sweep.md").read_text()
+    assert "| test accuracy | cosine |" in md and "test accuracy after R = 10 FedAvg rounds" in md
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert run(*ACCURACY, "-o", tmp_path / "b")[0] == 0
+    assert accuracies_of(tmp_path / "b") == got  # the same seed, the same accuracies
+    assert json.loads((tmp_path / "b" / "sweep.json").read_text())["training_seconds"] == 0.0  # a timing
+
+
+def test_privacy_utility_plot_has_its_accessible_name(tmp_path: Path) -> None:
+    assert run(*BASE, "--trials", "1", "-a", "llg", "--defense", "gaussian=1", "--utility", "accuracy",
+               "--train-rounds", "2", "--train-steps", "2", "-q", "-o", tmp_path / "o")[0] == 0
+    svg = (tmp_path / "o" / "privacy-utility.svg").read_text()
+    head = svg[svg.index("<svg"):svg.index(">", svg.index("<svg")) + 1]
+    title = "privacy–utility: leakage (label iAcc of the best attack at each point"
+    assert 'role="img"' in head and f'aria-label="{title}' in head and f"<title>{title}" in svg
+    assert "against the utility kept (test accuracy)" in svg
+    assert (tmp_path / "o" / "privacy-utility.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    md = (tmp_path / "o" / "sweep.md").read_text()
+    assert f"![{title}" in md and "](privacy-utility.png)" in md
+
+
+def test_the_held_out_split_is_disjoint_from_training_and_seeded() -> None:
+    from gleak.data import load_dataset
+    from gleak.runs.sweep_accuracy import split_data
+
+    data = load_dataset(MNIST_CLIENT)
+    split = split_data(data, seed=3)
+    assert split.held_out is not None and len(split.held_out) == 600 and len(split.train) == 2400
+    kept = sorted(set(range(len(data))) - set(split.held_out.tolist()))
+    assert torch.equal(split.train.images, data.images[kept])  # trains on exactly the rest
+    assert torch.equal(split.test.images, data.images[split.held_out])
+    assert not set(kept) & set(split.held_out.tolist())
+    assert torch.equal(split_data(data, seed=3).held_out, split.held_out)  # type: ignore[arg-type]
+    assert not torch.equal(split_data(data, seed=4).held_out, split.held_out)  # type: ignore[arg-type]
+
+
+def test_bad_eval_data_is_one_line_exit_2(tmp_path: Path) -> None:
+    args = (*BASE, "--trials", "1", "-a", "llg", "--defense", "gaussian=1", "--train-rounds", "1",
+            "--train-steps", "1")
+    for extra, says in ((("--utility", "accuracy", "--eval-data", CIFAR), "--eval-data: "),
+                        (("--eval-data", MNIST_AUX), "give --utility accuracy"),
+                        (("--utility", "loss"), "--utility 'loss': choose cosine or accuracy"),
+                        (("--utility", "accuracy", "--train-lr", "0"), "--train-lr must be")):
+        code, out, err = run(*args, *extra, "-o", tmp_path / "o")
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, (extra, err)
+        assert not out
+    assert not (tmp_path / "o").exists()
+    empty = tmp_path / "empty.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"images": torch.zeros(0, 1, 28, 28), "labels": torch.zeros(0, dtype=torch.long)}, str(empty))
+    code, _, err = run(*args, "--utility", "accuracy", "--eval-data", empty, "-o", tmp_path / "o")
+    assert code == 2 and "--eval-data: " in err and len(err.strip().splitlines()) == 1, err

@@ -31,6 +31,8 @@ from gleak.cli.common import (
     gigabytes,
     handle_errors,
     number,
+    parameter_envvar,
+    parameter_source,
     parse_jobs,
     print_json,
     requested_threads,
@@ -249,23 +251,6 @@ OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
                "aux", "arch", "arch_kwargs", "threshold", "option", "max_epsilon")
 
 
-def _source_name(ctx: typer.Context, key: str) -> str | None:
-    """Where Click took parameter ``key`` from, by name (COMMANDLINE, ENVIRONMENT, DEFAULT, …): the enum's class is
-    Click's or Typer's private copy of it, depending on the Typer installed, and its names are the same in both."""
-    source = ctx.get_parameter_source(key)
-    return None if source is None else str(source.name)
-
-
-def _envvar(ctx: typer.Context, key: str) -> str:
-    """The environment variable that parameter ``key`` reads, as declared on its option (``--address`` reads
-    GLEAK_RAY_ADDRESS: the name is never rebuilt from the key)."""
-    for param in ctx.command.params:
-        if param.name == key:
-            names = param.envvar
-            return names if isinstance(names, str) else ", ".join(names or ())
-    raise KeyError(key)  # pragma: no cover - every OPTION_KEYS entry is a parameter of audit
-
-
 def _flag(ctx: typer.Context, key: str) -> str:
     """The flag of parameter ``key`` as errors name it (``fail_on`` -> ``--fail-on``; ``option`` -> ``-O``)."""
     if key == "option":
@@ -281,7 +266,7 @@ def origin_of(ctx: typer.Context, key: str, source: str, loaded: Any) -> Origin:
     environment variable or the config file's key."""
     flag = _flag(ctx, key)
     if source.startswith("environment"):
-        return Origin(flag, env=_envvar(ctx, key))
+        return Origin(flag, env=parameter_envvar(ctx, key))
     if source.startswith("config ") and loaded.path is not None:
         return cast(Origin, loaded.origin(key, flag))
     return Origin(flag)
@@ -333,12 +318,12 @@ def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tupl
     effective: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for key in OPTION_KEYS:
-        source = _source_name(ctx, key)
+        source = parameter_source(ctx, key)
         value = given[key]
         if source == "COMMANDLINE" and value not in (None, []):
             effective[key], sources[key] = value, "command line"
         elif source == "ENVIRONMENT":
-            effective[key], sources[key] = value, f"environment ({_envvar(ctx, key)})"
+            effective[key], sources[key] = value, f"environment ({parameter_envvar(ctx, key)})"
         elif (from_file := loaded.audit_value(key)) is not None:
             if key == "threshold":
                 from_file = [f"{k}={v}" for k, v in from_file.items()]
@@ -350,7 +335,7 @@ def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tupl
             effective[key], sources[key] = from_file, f"config {loaded.where(key)}"
         else:
             effective[key], sources[key] = value, "default"
-    if _source_name(ctx, "threshold") == "COMMANDLINE" and loaded.audit_value("threshold"):
+    if parameter_source(ctx, "threshold") == "COMMANDLINE" and loaded.audit_value("threshold"):
         merged = {f"{k}": f"{k}={v}" for k, v in loaded.audit_value("threshold").items()}
         merged.update({item.partition("=")[0].strip(): item for item in given["threshold"] or []})
         effective["threshold"], sources["threshold"] = list(merged.values()), "config file, then the command line"

@@ -493,6 +493,31 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def parameter_source(ctx: Any, key: str) -> str | None:
+    """Where Click took parameter ``key`` from, by name (COMMANDLINE, ENVIRONMENT, DEFAULT, …): the enum's class is
+    Click's or Typer's private copy of it, depending on the Typer installed, and its names are the same in both."""
+    source = ctx.get_parameter_source(key)
+    return None if source is None else str(source.name)
+
+
+def parameter_envvar(ctx: Any, key: str) -> str:
+    """The environment variable that parameter ``key`` reads, as declared on its option (``--address`` reads
+    GLEAK_RAY_ADDRESS: the name is never rebuilt from the key)."""
+    for param in ctx.command.params:
+        if param.name == key:
+            names = param.envvar
+            return names if isinstance(names, str) else ", ".join(names or ())
+    raise KeyError(key)  # pragma: no cover - only called with the command's own parameters
+
+
+def flag_origin(ctx: Any, key: str, flag: str) -> Origin:
+    """The origin of parameter ``key`` for its errors: its variable when Click read it from the environment, else
+    ``flag``."""
+    if parameter_source(ctx, key) == "ENVIRONMENT":
+        return Origin(flag, env=parameter_envvar(ctx, key))
+    return Origin(flag)
+
+
 def parse_jobs(value: Any, origin: Origin | None = None) -> int:
     """``--jobs``: ``auto`` (0) or a whole number of workers from 1 to MAX_JOBS; else one line naming where the
     value came from (``origin``: --jobs unless told, e.g. GLEAK_JOBS)."""

@@ -27,6 +27,7 @@ from gleak.cli.common import (
     check_output_folder,
     console,
     err_console,
+    flag_origin,
     handle_errors,
     number,
     parse_jobs,
@@ -38,18 +39,21 @@ if TYPE_CHECKING:
 
 SWEEP_DEFENSE_HELP = ("NAME[:KEY=VALUE,...]=V1,V2,...: a defense, the options it keeps fixed and the values of its "
                       "strength option (gleak defenses marks it), e.g. gaussian=1e-3,1e-2,1e-1, "
-                      "topk:scope=global=0.9,0.99 or dpsgd:max_grad_norm=1=0.5,1,2; the values are the text after "
-                      "the last '=' when it is a list of numbers and what precedes it is a whole NAME[:KEY=VALUE,...]. "
-                      "Without values: one point (sign has no strength). Repeatable, one per defense.")
+                      "topk:scope=global=0.9,0.99, dpsgd:epsilon=0.5,1,2 (target ε) or "
+                      "dpsgd:max_grad_norm=1=0.5,1,2 (noise multiplier); the values are the text after the last '=' "
+                      "when it is a list of numbers and what precedes it is a whole NAME[:KEY=VALUE,...]. Without "
+                      "values: one point (sign has no strength). Repeatable, one per defense.")
 
 
 @handle_errors
 def sweep(
+    ctx: typer.Context,
     model: Annotated[Path, typer.Option("--model", "-M", help="Global model file.")],
     data: Annotated[Path, typer.Option("--data", "-d", help="The clients' data: .safetensors or an image folder.")],
     defense: Annotated[list[str], typer.Option("--defense", help=SWEEP_DEFENSE_HELP)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for sweep.json, sweep.md and one plot per "
-                                         "defense (<defense>.png, .svg); new or empty unless --force.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for sweep.json, sweep.md, one plot per "
+                                         "defense (<defense>.png, .svg) and privacy-utility.png / .svg; new or "
+                                         "empty unless --force.")],
     attack: Annotated[list[str] | None, typer.Option("--attack", "-a", help="Attack to run (repeatable): label "
                                                      "attacks, calibrated (needs --aux), reconstruction (dlg, ig, "
                                                      "feature, fcn; fgla / rgla with --generator). Default: the "
@@ -73,6 +77,21 @@ def sweep(
                                                    "every trial; default 200).", callback=number(1, 100_000))] = None,
     confidence: Annotated[int, typer.Option("--confidence", help="Batches simulated from --aux to calibrate the "
                                             "calibrated selector.", callback=number(4, 1000))] = 24,
+    utility: Annotated[str, typer.Option("--utility", help="What a defense costs: cosine (the defended contribution "
+                                         "against the clean one: cosine and relative L2 error, cheap) or accuracy "
+                                         "(also train the model under each point's defense, --train-rounds × "
+                                         "--train-steps, and measure its test accuracy: a few seconds per point).",
+                                         case_sensitive=False)] = "cosine",
+    train_rounds: Annotated[int, typer.Option("--train-rounds", help="--utility accuracy: FedAvg rounds R; each "
+                                              "adds the client's (defended) update to the model.",
+                                              callback=number(1, 100_000))] = 20,
+    train_steps: Annotated[int, typer.Option("--train-steps", help="--utility accuracy: local SGD steps m per round "
+                                             "(of --batch-size examples).", callback=number(1, MAX_STEPS))] = 10,
+    train_lr: Annotated[float, typer.Option("--train-lr", help="--utility accuracy: the client's SGD learning "
+                                            "rate.")] = 0.1,
+    eval_data: Annotated[Path | None, typer.Option("--eval-data", help="--utility accuracy: the test set (the "
+                                                   "formats of --data); default: a seeded 20 % of --data, held "
+                                                   "out of training.")] = None,
     option: AttackOptionsOpt = None,
     jobs: JobsOpt = "auto",
     device: DeviceOpt = "auto",
@@ -92,7 +111,9 @@ def sweep(
         model=ModelSpec(model, arch, arch_kwargs, trust_pickle), data=data, defenses=tuple(defense),
         attacks=tuple(attack or ()), aux=aux, generator=generator, options=parse_option_assignments(option or []),
         batch_size=batch_size, local_steps=local_steps, trials=trials, seed=seed, iterations=iterations,
-        confidence=confidence, jobs=parse_jobs(jobs), device=device)
+        confidence=confidence, jobs=parse_jobs(jobs, flag_origin(ctx, "jobs", "--jobs")), device=device,
+        utility=utility.lower(),
+        train_rounds=train_rounds, train_steps=train_steps, train_lr=train_lr, eval_data=eval_data)
     request.check()  # every spec, attack and option, before any file is read
     check_output_folder(output, force, [REPORT_FILE, MARKDOWN_FILE], ["*"])  # a new or empty folder, or --force
     report = _run(request, show=not quiet)
@@ -101,8 +122,9 @@ def sweep(
         from gleak.report.sweep_plots import print_summary
 
         print_summary(console, report)
-        console.print(f"wrote {len(written)} files in {escape(str(output))}: {REPORT_FILE}, {MARKDOWN_FILE} and "
-                      f"{len(report.defenses)} plot(s) (PNG, SVG)", soft_wrap=True)
+        console.print(f"wrote {len(written)} files in {escape(str(output))}: {REPORT_FILE}, {MARKDOWN_FILE}, "
+                      f"{len(report.defenses)} defense plot(s) and the privacy–utility plot (PNG, SVG)",
+                      soft_wrap=True)
     elif report.notices:
         for notice in report.notices:
             err_console.print(f"notice: {escape(notice)}", soft_wrap=True)

@@ -602,9 +602,27 @@ class SweepUtility(_Model):
 
     relative_l2_error: Finite = Field(description="‖defended − clean‖ / ‖clean‖ over the parameter tensors")
     cosine: Finite = Field(description="cosine similarity of the defended and the clean contribution")
+    accuracy: Finite | None = Field(None, ge=0, le=1, description="--utility accuracy: the test accuracy of the "
+                                    "model trained for settings.training's rounds under this point's defense (the "
+                                    "undefended baseline: without one); null: not measured")
 
 
 BASELINE = "none"  # a sweep's undefended rows: their defense and their strength
+
+
+class SweepTraining(_Model):
+    """``--utility accuracy``: how the model was trained at every point and where its accuracy was measured."""
+
+    rounds: int = Field(ge=1, description="R: FedAvg rounds, each adding the (defended) update to the model")
+    local_steps: int = Field(ge=1, description="m: local SGD steps per round")
+    batch_size: int = Field(ge=1, description="B per local step (the sweep's --batch-size)")
+    learning_rate: Finite = Field(gt=0, description="the client's SGD learning rate")
+    seed_offset: int = Field(description="round r draws its batches with seed + seed_offset + r, at every point")
+    train_size: int = Field(ge=1, description="examples the rounds draw batches from")
+    eval_size: int = Field(ge=1, description="examples the accuracy is measured on, never trained on")
+    eval_data: str | None = Field(description="--eval-data; null: a held-out split of --data")
+    eval_fraction: Finite | None = Field(description="the share of --data held out (split with the seed); null "
+                                         "with --eval-data")
 
 
 class SweepDefense(_Model):
@@ -649,6 +667,10 @@ class SweepSettings(_Model):
     workers: int = Field(description="processes that ran trials")
     threads: int
     device: str
+    utility: Literal["cosine", "accuracy"] = Field("cosine", description="cosine: the defended contribution "
+                                                   "against the clean one only; accuracy: also the test accuracy "
+                                                   "of a model trained under each point's defense")
+    training: SweepTraining | None = Field(None, description="--utility accuracy: the training; else null")
 
 
 class SweepRow(_Model):
@@ -684,6 +706,8 @@ class SweepReport(CommandReport):
     rows: list[SweepRow]
     notices: list[str] = Field(description="work left out and why (one line each)")
     seconds: Finite
+    training_seconds: Finite | None = Field(None, description="--utility accuracy: seconds spent training the "
+                                            "model at every point (part of seconds); null: not measured")
 
     def to_json(self) -> dict[str, Any]:
         """Every key, always (a sweep's rows have no optional keys)."""

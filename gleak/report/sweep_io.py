@@ -16,10 +16,17 @@ MARKDOWN_FILE = "sweep.md"
 
 
 def write_sweep(report: SweepReport, folder: Path, force: bool = False) -> list[Path]:
-    """``sweep.json``, ``sweep.md`` and each defense's plot (PNG and SVG) in ``folder``: all of them or, on any
-    failure, none (a folder this call created is removed again)."""
+    """``sweep.json``, ``sweep.md``, each defense's plot and the privacy–utility plot (PNG and SVG) in ``folder``:
+    all of them or, on any failure, none (a folder this call created is removed again)."""
     from gleak.report.plots import figure_png
-    from gleak.report.sweep_plots import figure, markdown, svg_document
+    from gleak.report.sweep_plots import (
+        PRIVACY_UTILITY,
+        figure,
+        markdown,
+        privacy_utility_figure,
+        privacy_utility_svg,
+        svg_document,
+    )
 
     with OutputSet(folder, force) as out:
         out.write_bytes(REPORT_FILE, (json.dumps(report.to_json(), indent=2) + "\n").encode("utf-8"))
@@ -27,6 +34,9 @@ def write_sweep(report: SweepReport, folder: Path, force: bool = False) -> list[
             fig = figure(report, defense.name)  # drawn once (its layout fixed), saved as both
             out.write_bytes(f"{defense.plot}.png", figure_png(fig))
             out.write_bytes(f"{defense.plot}.svg", svg_document(report, defense.name, fig).encode("utf-8"))
+        fig = privacy_utility_figure(report)
+        out.write_bytes(f"{PRIVACY_UTILITY}.png", figure_png(fig))
+        out.write_bytes(f"{PRIVACY_UTILITY}.svg", privacy_utility_svg(report, fig).encode("utf-8"))
         out.write_bytes(MARKDOWN_FILE, markdown(report).encode("utf-8"))
         return out.commit()
 

@@ -3,14 +3,18 @@ the console summary — all from the report alone.
 
 Each defense's plot shows leakage against the defense's strength: one line per attack (mean over the trials, error
 bars one standard deviation), the undefended baseline of each attack as a dashed line of its colour, the chance
-level (dotted), and the utility kept (cosine of the defended to the clean contribution) on a second y axis; one
+level (dotted), and the utility kept (cosine of the defended to the clean contribution; the test accuracy of the model
+trained under the defense with ``--utility accuracy``) on a second y axis; one
 panel per metric (label iAcc, identification over chance κ, PSNR). The x axis is logarithmic when the strengths
 are positive and span more than a decade (symmetric-log, linear near 0, when one of them is 0), and always for
 DP-SGD swept over a target ε; DP-SGD's plot states its ε's terms (δ, accountant, q, steps, rounds) and shows the
 other half of its noise on a top axis (the noise multiplier z at each target ε, or the ε of each z). Every plot has an
 accessible name (:func:`plot_title`): the SVG gets ``role="img"``, ``aria-label`` and a ``<title>``; ``sweep.md``
 and the audit's HTML use it as alt text / caption.
-Output is deterministic (no dates, a fixed SVG id salt). matplotlib and rich are imported only when used.
+The privacy–utility plot (:func:`privacy_utility_figure`, ``privacy-utility.png`` / ``.svg``, one per sweep) shows
+leakage (the best attack's mean at each point) against the utility kept, one curve per defense from the undefended
+point (a star). Output is deterministic (no dates, a fixed SVG id salt). matplotlib and rich are imported only when
+used.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ COLOURS = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0
            "#ea580c", "#475569", "#0d9488")
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "p")
 UTILITY_COLOUR = "#111827"
+PRIVACY_UTILITY = "privacy-utility"  # the privacy–utility plot's file stem (no defense is named so)
 LOG_SPAN = 10.0  # strengths spanning more than this factor get a log axis
 
 
@@ -92,13 +97,38 @@ def attacks_of(report: SweepReport, metric: str | None = None) -> list[str]:
     return [a for a, m in seen.items() if metric is None or m == metric]
 
 
+def measured_accuracy(report: SweepReport) -> bool:
+    """Whether the sweep measured test accuracy (``--utility accuracy``)."""
+    return any(r.utility.accuracy is not None for r in report.rows)
+
+
+def utility_label(report: SweepReport) -> str:
+    """What the utility axis shows."""
+    return "test accuracy" if measured_accuracy(report) else "cosine"
+
+
+def utility_of(report: SweepReport, row: SweepRow) -> float | None:
+    """The utility shown for ``row``'s point: its test accuracy when measured, else its cosine."""
+    return row.utility.accuracy if measured_accuracy(report) else row.utility.cosine
+
+
 def plot_title(report: SweepReport, name: str) -> str:
     """The plot's accessible name: what it shows, in a sentence."""
     defense = defense_of(report, name)
     metrics = " and ".join(METRIC_LABELS[m] for m in metrics_of(report))
     against = f"its {_strength_label(defense)}" if defense.strength else "the defense"
     return (f"{name}: {metrics} of {len(attacks_of(report))} attack(s) against {against}, mean ± std over "
-            f"{report.settings.trials} trial(s), with the undefended baseline, chance and the utility kept (cosine)")
+            f"{report.settings.trials} trial(s), with the undefended baseline, chance and the utility kept "
+            f"({utility_label(report)})")
+
+
+def privacy_utility_title(report: SweepReport) -> str:
+    """The privacy–utility plot's accessible name."""
+    metrics = " and ".join(METRIC_LABELS[m] for m in metrics_of(report))
+    names = ", ".join(d.name for d in report.defenses)
+    return (f"privacy–utility: leakage ({metrics} of the best attack at each point, mean over "
+            f"{report.settings.trials} trial(s)) against the utility kept ({utility_label(report)}), one curve per "
+            f"defense ({names}) from the undefended point")
 
 
 def _points(report: SweepReport, name: str) -> list[float | None]:
@@ -172,13 +202,19 @@ def figure(report: SweepReport, name: str) -> Figure:
             ax.set_xlim(-0.6, len(order) - 0.4)
         ax.grid(alpha=0.3)
         twin = ax.twinx()
-        cos = {r.strength: r.utility.cosine for r in rows}
-        util = [(position[s], cos[s]) for s in order if s in cos]
+        kept = {r.strength: u for r in rows if (u := utility_of(report, r)) is not None}
+        util = [(position[s], kept[s]) for s in order if s in kept]
+        accurate = measured_accuracy(report)
         twin.plot([p[0] for p in util], [p[1] for p in util], color=UTILITY_COLOUR, linestyle="-.", marker="s",
-                  markersize=3, linewidth=1.0, label="utility: cosine to the clean contribution")
+                  markersize=3, linewidth=1.0, label="utility: test accuracy of the model trained under it" if
+                  accurate else "utility: cosine to the clean contribution")
+        undefended = next((utility_of(report, b) for b in base.values()), None)
+        if accurate and undefended is not None:
+            twin.axhline(undefended, color=UTILITY_COLOUR, linestyle=(0, (1, 3)), linewidth=0.9,
+                         label="undefended test accuracy")
         low = min([0.0, *(p[1] for p in util)])
         twin.set_ylim(low - 0.05, 1.05)
-        twin.set_ylabel("utility (cosine)")
+        twin.set_ylabel(f"utility ({utility_label(report)})")
         handles, labels = ax.get_legend_handles_labels()
         handles += [Line2D([], [], color="#6b7280", linestyle="--", linewidth=0.8),
                     *twin.get_legend_handles_labels()[0]]
@@ -222,6 +258,66 @@ def _wrap(text: str, width: int = 110) -> str:
         else:
             line = f"{line} {w}".strip()
     return "\n".join([*lines, line])
+
+
+def best_of(rows: list[SweepRow], metric: str) -> SweepRow | None:
+    """The attack with the highest mean of ``metric`` among ``rows`` (one point), None when none answered."""
+    scored = [r for r in rows if r.metric == metric and r.mean is not None]
+    return max(scored, key=lambda r: r.mean or 0.0) if scored else None
+
+
+def privacy_utility_figure(report: SweepReport) -> Figure:
+    """Leakage against utility: per metric a panel, per defense a curve through its points in the order run,
+    starting at the undefended point (a star); x the test accuracy when measured, else the cosine."""
+    from matplotlib.figure import Figure
+
+    metrics = metrics_of(report) or ["iacc"]
+    fig = Figure(figsize=(8.4, 0.9 + 3.4 * len(metrics)), dpi=100, layout="constrained")
+    axes: list[Axes] = list(fig.subplots(len(metrics), 1, squeeze=False)[:, 0])
+    base = [r for r in report.rows if r.defense == BASELINE]
+    for ax, metric in zip(axes, metrics, strict=True):
+        b = best_of(base, metric)
+        bx = utility_of(report, base[0]) if base else None
+        start = [(bx, b.mean)] if b is not None and b.mean is not None and bx is not None else []
+        for k, d in enumerate(report.defenses):
+            pts = list(start)
+            labels = [""] * len(start)
+            for s in _points(report, d.name):
+                at = [r for r in report.rows if r.defense == d.name and r.strength == s]
+                best = best_of(at, metric)
+                u = utility_of(report, at[0]) if at else None
+                if best is not None and best.mean is not None and u is not None:
+                    pts.append((u, best.mean))
+                    labels.append(_tick(d, s))
+            colour, marker = COLOURS[k % len(COLOURS)], MARKERS[(k + 1) % len(MARKERS)]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, marker=marker, markersize=4,
+                    linewidth=1.2, label=d.name + (f" ({d.strength})" if d.strength else ""))
+            for (x, y), text in zip(pts, labels, strict=True):
+                if text:
+                    ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6, color=colour)
+        if start:
+            ax.plot([start[0][0]], [start[0][1]], linestyle="none", marker="*", markersize=13, color="#111827",
+                    label=f"undefended (best: {b.attack if b else 'n/a'})", zorder=5)
+        chance = _mean_of([r.chance for r in report.rows if r.metric == metric and r.chance is not None])
+        if chance is not None:
+            ax.axhline(chance, color="#6b7280", linestyle=":", linewidth=1.5, label=CHANCE_LABELS[metric])
+        ax.set_ylabel(f"leakage: {METRIC_LABELS[metric]} (best attack)")
+        if metric == "iacc":
+            ax.set_ylim(-0.03, 1.05)
+        ax.set_xlabel("utility: test accuracy of the model trained under the defense (held out)"
+                      if measured_accuracy(report) else "utility: cosine of the defended to the clean contribution")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+    fig.suptitle(_wrap(privacy_utility_title(report)), fontsize=9)
+    fig.draw_without_rendering()
+    fig.set_layout_engine("none")
+    return fig
+
+
+def privacy_utility_svg(report: SweepReport, fig: Figure | None = None) -> str:
+    """The privacy–utility plot as a standalone SVG file with its accessible name."""
+    svg = figure_svg(fig if fig is not None else privacy_utility_figure(report), f"gleak-sweep-{PRIVACY_UTILITY}")
+    return named_svg(svg, privacy_utility_title(report), "sweep-plot")
 
 
 def svg_document(report: SweepReport, name: str, fig: Figure | None = None) -> str:
@@ -272,7 +368,8 @@ def defense_table(report: SweepReport, name: str) -> SweepTable:
     header += [a if metric_of[a] == "iacc" else f"{a} {METRIC_SHORT[metric_of[a]]}" for a in attacks]
     terms = epsilon_terms_of(report, name)
     noise = _noise_of(report, name) if defense.strength == "epsilon" and terms is not None else {}
-    header += ["cosine", "rel. L2 error"]
+    accurate = measured_accuracy(report)
+    header += (["test accuracy"] if accurate else []) + ["cosine", "rel. L2 error"]
     if defense.training:
         header += (["noise_multiplier z"] if noise else []) + [f"ε at {describe_terms(terms)}" if terms else "ε"]
     rows: list[list[str]] = []
@@ -286,6 +383,8 @@ def defense_table(report: SweepReport, name: str) -> SweepTable:
                                 2 if m == "psnr" else 3))
         line += [cell(by_attack.get(a), total) for a in attacks]
         first = at[0] if at else None
+        if accurate:
+            line.append(_number(first.utility.accuracy if first else None, 3))
         line += [_number(first.utility.cosine if first else None, 4),
                  _number(first.utility.relative_l2_error if first else None, 4)]
         if defense.training:
@@ -303,10 +402,17 @@ def settings_text(report: SweepReport, code: Callable[[str], str] | None = None)
     show = code or (lambda text: text)
     client = f"B = {s.batch_size}, m = {s.local_steps} ({s.scheme})"
     aux = f", aux data {show(s.aux)}" if s.aux else ""
+    t = s.training
+    trained = "" if t is None else (
+        f"; utility: test accuracy after R = {t.rounds} FedAvg rounds × m = {t.local_steps} SGD steps (B = "
+        f"{t.batch_size}, lr {t.learning_rate:g}) under each point's defense, the same batches at every point, "
+        f"{t.train_size} examples to train on and {t.eval_size} to test on ("
+        + (f"{show(t.eval_data)}" if t.eval_data else f"a seeded {t.eval_fraction or 0:.0%} of the data, held out")
+        + ")")
     return (f"model {show(s.model)}, data {show(s.data)}{aux}; {client}; {s.trials} trial(s) per point (seed "
             f"{s.seed}), the same batches at every point; attacks: {', '.join(s.attacks)}; reconstruction bounded to "
             f"{s.iterations} iterations" + (f"; the calibrated selector calibrated on {s.confidence} simulated "
-                                            "batches" if s.confidence else ""))
+                                            "batches" if s.confidence else "") + trained)
 
 
 def md_code(text: str) -> str:
@@ -325,7 +431,9 @@ def md_cell(text: str) -> str:
 LEGEND = ("Cells: mean ± standard deviation over the trials the attack answered; (k/T): only k of the T trials "
           "answered (the others: not applicable, failed or abstained; sweep.json gives the reason); n/a: none did. "
           "iAcc: labels recovered (chance: random guessing for the same batches); κ: identification over chance of "
-          "the reconstructions' lineups (0 = chance); utility: the defended contribution against the clean one.")
+          "the reconstructions' lineups (0 = chance); utility: the defended contribution against the clean one "
+          "(cosine, relative L2 error) and, with --utility accuracy, the test accuracy of the model trained under the "
+          "defense.")
 
 
 def markdown(report: SweepReport) -> str:
@@ -334,6 +442,7 @@ def markdown(report: SweepReport) -> str:
     lines = ["# Defense sweep: leakage against defense strength", "", settings_text(report, md_code) + ".", ""]
     if report.notices:
         lines += [f"- {md_escape(n)}" for n in report.notices] + [""]
+    lines += ["## Privacy–utility", "", f"![{privacy_utility_title(report)}]({PRIVACY_UTILITY}.png)", ""]
     for defense in report.defenses:
         strength = f" ({defense.strength})" if defense.strength else ""
         lines += [f"## {defense.name}{strength}", "", f"Spec: {md_code(defense.spec)}"
@@ -354,9 +463,11 @@ def print_summary(console: Console, report: SweepReport) -> None:
     from rich.table import Table
 
     dp = any(r.epsilon is not None for r in report.rows)
+    accurate = measured_accuracy(report)
     table = Table(title="gleak sweep: the best attack at each point", title_justify="left")
     for col, right in (("defense", False), ("strength", True), ("metric", False), ("best attack", False),
-                       ("mean ± std", True), ("chance", True), ("cosine", True), *((("ε", True),) if dp else ())):
+                       ("mean ± std", True), ("chance", True), *((("accuracy", True),) if accurate else ()),
+                       ("cosine", True), *((("ε", True),) if dp else ())):
         table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=col == "mean ± std")
     keys: list[tuple[str, object]] = []
     for r in report.rows:
@@ -371,12 +482,22 @@ def print_summary(console: Console, report: SweepReport) -> None:
             shown = "none" if strength == BASELINE else ("—" if strength is None else f"{strength:g}")
             table.add_row(rich_escape(defense), shown, METRIC_SHORT[metric],
                           rich_escape(best.attack) if best else "n/a", cell(best, report.settings.trials),
-                          _number(chance, 2 if metric == "psnr" else 3), _number(at[0].utility.cosine),
+                          _number(chance, 2 if metric == "psnr" else 3),
+                          *((_number(at[0].utility.accuracy),) if accurate else ()), _number(at[0].utility.cosine),
                           *((_number(at[0].epsilon),) if dp else ()))
     console.print(table)
     for d in report.defenses:
         terms = epsilon_terms_of(report, d.name)
         if terms is not None:
             console.print(f"ε of {rich_escape(d.name)}: at {describe_terms(terms)}", highlight=False)
+    t = report.settings.training
+    if t is not None:
+        spent = report.training_seconds
+        points = len({(r.defense, r.strength) for r in report.rows})
+        cost = ("not recorded (SOURCE_DATE_EPOCH)" if not spent else
+                f"{spent:.1f} s for {points} point(s), {spent / points:.2f} s per point")
+        console.print(f"utility: test accuracy on {t.eval_size} held-out examples after {t.rounds} rounds × "
+                      f"{t.local_steps} steps (B = {t.batch_size}, lr {t.learning_rate:g}, "
+                      f"{report.settings.threads} thread(s)); training took {cost}", highlight=False)
     for notice in report.notices:
         console.print(f"[yellow]notice:[/] {rich_escape(notice)}", soft_wrap=True)

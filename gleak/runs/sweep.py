@@ -7,7 +7,8 @@ the trial's seed (so a Gaussian sweep adds the same draw, scaled); DP-SGD, which
 simulates the same batch again with the defense (:class:`gleak.simulate.ClientConfig` ``defenses``). Each point is
 attacked as ``gleak labels`` and ``gleak reconstruct`` attack a capture, scored against the simulated truth, and
 its utility measured against the clean contribution of the same trial; the rows aggregate over the trials. The
-curves are paired: every point sees the same batches.
+curves are paired: every point sees the same batches. With ``utility="accuracy"`` each point's defense also trains the
+model for a few FedAvg rounds, scored on held-out data (:mod:`gleak.runs.sweep_accuracy`).
 
 Trials run in this process or in worker processes (``jobs``); each trial is a function of its seed alone, so the
 rows do not depend on where it ran.
@@ -56,11 +57,25 @@ from gleak.report.model import (
     SweepReport,
     SweepRow,
     SweepSettings,
+    SweepTraining,
     SweepUtility,
 )
 from gleak.report.privacy import terms_of
 from gleak.reproducible import zero_timings
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, default_max_memory, resolve_device, soft_truth
+from gleak.runs.sweep_accuracy import (
+    DEFAULT_ROUNDS,
+    DEFAULT_TRAIN_LR,
+    DEFAULT_TRAIN_STEPS,
+    EVAL_FRACTION,
+    TRAIN_SEED_OFFSET,
+    UTILITIES,
+    Split,
+    Training,
+    load_eval,
+    split_data,
+    train_points,
+)
 from gleak.simulate import ClientConfig, simulate_client
 
 if TYPE_CHECKING:
@@ -287,6 +302,20 @@ class SweepRequest:
     confidence: int = DEFAULT_CONFIDENCE
     jobs: int = 1
     device: str = "auto"
+    utility: str = "cosine"  # "accuracy": also train the model under every point's defense (sweep_accuracy)
+    train_rounds: int = DEFAULT_ROUNDS
+    train_steps: int = DEFAULT_TRAIN_STEPS
+    train_lr: float = DEFAULT_TRAIN_LR
+    eval_data: Path | None = None
+
+    @property
+    def accuracy(self) -> bool:
+        return self.utility == "accuracy"
+
+    @property
+    def training(self) -> Training:
+        """How the utility model trains (``--utility accuracy``)."""
+        return Training(self.train_rounds, self.train_steps, self.batch_size, self.train_lr, self.seed)
 
     @property
     def scheme(self) -> str:
@@ -316,6 +345,16 @@ class SweepRequest:
                                  ("--confidence", self.confidence, 4), ("--seed", self.seed, 0)):
             if value < low:
                 raise GleakError(f"{what} must be ≥ {low}, got {value}")
+        if self.utility not in UTILITIES:
+            raise GleakError(f"--utility {shorten(self.utility, 20)!r}: choose {' or '.join(UTILITIES)}")
+        if self.accuracy:
+            for what, value in (("--train-rounds", self.train_rounds), ("--train-steps", self.train_steps)):
+                if value < 1:
+                    raise GleakError(f"{what} must be ≥ 1, got {value}")
+            if not (math.isfinite(self.train_lr) and self.train_lr > 0):
+                raise GleakError(f"--train-lr must be a number > 0, got {self.train_lr}")
+        elif self.eval_data is not None:
+            raise GleakError("--eval-data is the test set of --utility accuracy: give --utility accuracy too")
         sweeps = [parse_sweep(text) for text in self.defenses]
         names = [s.name for s in sweeps]
         twice = next((n for n in names if names.count(n) > 1), None)
@@ -601,8 +640,26 @@ def run_sweep(request: SweepRequest, progress: Progress | None = None) -> SweepR
     """Check the request, load the inputs, run every trial at every point, and aggregate the rows."""
     started = time.perf_counter()
     setup = _Setup.open(request)
+    split = _split(setup) if request.accuracy else None
+    accuracies: dict[Point, float] = {}
+    training_seconds = None
+    if split is not None:  # before the trials: a pool of workers releases this process's model
+        points = setup.points
+        chosen = [None if p == BASE_POINT else setup.sweeps[p[0]].points[p[1]][1] for p in points]
+        done = 0
+
+        def tick(what: str) -> None:
+            nonlocal done
+            done += 1
+            if progress:
+                progress(done, len(points), f"training: {what}")
+
+        got, training_seconds = train_points(setup.held()[0].module, split, request.training,
+                                             [(setup.describe(p), d) for p, d in zip(points, chosen, strict=True)],
+                                             setup.device, tick)
+        accuracies = dict(zip(points, got, strict=True))
     trials, workers = _run_trials(setup, request.jobs, progress)
-    rows = _rows(setup, trials)
+    rows = _rows(setup, trials, accuracies)
     plan = setup.plan
     m = request.model
     settings = SweepSettings(
@@ -613,7 +670,13 @@ def run_sweep(request: SweepRequest, progress: Progress | None = None) -> SweepR
         trials=request.trials, seed=request.seed, trial_stride=TRIAL_STRIDE,
         attacks=list(plan.rows + plan.reconstruct), iterations=request.bound,
         confidence=request.confidence if plan.calibrated else 0, distractors=DEFAULT_DISTRACTORS, jobs=request.jobs,
-        workers=workers, threads=torch.get_num_threads(), device=str(setup.device))
+        workers=workers, threads=torch.get_num_threads(), device=str(setup.device),
+        utility="accuracy" if request.accuracy else "cosine",
+        training=None if split is None else SweepTraining(
+            rounds=request.train_rounds, local_steps=request.train_steps, batch_size=request.batch_size,
+            learning_rate=request.train_lr, seed_offset=TRAIN_SEED_OFFSET, train_size=len(split.train),
+            eval_size=len(split.test), eval_data=str(request.eval_data) if request.eval_data else None,
+            eval_fraction=EVAL_FRACTION if split.held_out is not None else None))
     defenses = [SweepDefense(name=s.name, spec=s.text, strength=s.strength, fixed=dict(s.fixed),
                              values=list(s.values), training=s.training, plot=s.name) for s in setup.sweeps]
     notices = list(plan.notices)
@@ -622,7 +685,18 @@ def run_sweep(request: SweepRequest, progress: Progress | None = None) -> SweepR
         if all(r.trials == 0 for r in mine):
             notices.append(f"{attack} gave no answer at any point ({mine[0].reason or 'no reason recorded'})")
     return zero_timings(SweepReport(gleak_version=__version__, settings=settings, defenses=defenses, rows=rows,
-                                    notices=notices, seconds=round(time.perf_counter() - started, 3)))
+                                    notices=notices, seconds=round(time.perf_counter() - started, 3),
+                                    training_seconds=None if training_seconds is None else
+                                    round(training_seconds, 3)))
+
+
+def _split(setup: _Setup) -> Split:
+    """The utility training's data: all of --data and --eval-data to test on, else a seeded held-out split."""
+    request = setup.request
+    loaded, data = setup.held()
+    if request.eval_data is not None:
+        return Split(data, load_eval(request.eval_data, loaded, data), None)
+    return split_data(data, request.seed)
 
 
 def _round(value: float) -> float:
@@ -633,8 +707,9 @@ def _mean(values: Sequence[float]) -> float | None:
     return _round(statistics.fmean(values)) if values else None
 
 
-def _rows(setup: _Setup, trials: list[Trial]) -> list[SweepRow]:
-    """One row per (point, attack), the baseline first, over the trials."""
+def _rows(setup: _Setup, trials: list[Trial], accuracies: Mapping[Point, float] | None = None) -> list[SweepRow]:
+    """One row per (point, attack), the baseline first, over the trials; ``accuracies``: each point's test accuracy
+    (``--utility accuracy``)."""
     rows: list[SweepRow] = []
     attacks = list(setup.plan.rows + setup.plan.reconstruct)
     for point in setup.points:
@@ -649,7 +724,8 @@ def _rows(setup: _Setup, trials: list[Trial]) -> list[SweepRow]:
         if not all(math.isfinite(v) for v in means.values()):
             raise GleakError("the simulated contribution is all zeros in a trial, so a defense's utility (its change "
                              "relative to the contribution) cannot be measured; check the model and data")
-        utility = SweepUtility(**{k: _round(v) for k, v in means.items()})
+        utility = SweepUtility(**{k: _round(v) for k, v in means.items()},
+                               accuracy=(accuracies or {}).get(point))
         epsilons = [r.epsilon for r in results if r.epsilon is not None]
         epsilon = _mean(epsilons)
         # the same in every trial: q is B over the client's data size, the steps --local-steps, z picked for them

@@ -62,7 +62,7 @@ def split_data(data: Dataset, seed: int, fraction: float = EVAL_FRACTION) -> Spl
 
 def load_eval(path: Path, loaded: LoadedModel, data: Dataset) -> Dataset:
     """``--eval-data`` (the formats of ``--data``), refused in one line when it is empty, does not fit the model
-    (input shape, classes) or is normalised unlike the training data would need (its own mean/std are used)."""
+    (input shape, classes); it is normalised with its own mean and std, as --data is."""
     try:
         test = load_dataset(path)
         check_model_fits_data(loaded, test)
@@ -130,13 +130,8 @@ def train(model: nn.Module, split: Split, training: Training, defense: Defense |
             for name, delta in update.tensors.items():  # θ ← θ + Δθ (defended)
                 state[name] += delta.to(device=state[name].device, dtype=state[name].dtype)
         if not all(bool(torch.isfinite(t).all()) for t in state.values() if t.is_floating_point()):
-            return accuracy_of_broken(split.test)
+            return 0.0  # weights no longer finite (e.g. σ far above the update's scale): it predicts nothing
     return accuracy(current, split.test, device)
-
-
-def accuracy_of_broken(test: Dataset) -> float:
-    """A model whose weights left the finite numbers predicts nothing: accuracy 0 (not a crash)."""
-    return 0.0 if len(test) else 0.0
 
 
 def train_points(model: nn.Module, split: Split, training: Training, points: list[tuple[str, Defense | None]],

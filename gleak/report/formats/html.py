@@ -352,7 +352,15 @@ def sweep_context(sweep: SweepReport | None) -> dict[str, Any] | None:
     from the validated report, never read from the sweep's folder) and its table."""
     if sweep is None:
         return None
-    from gleak.report.sweep_plots import LEGEND, defense_table, plot_title, settings_text, svg_markup
+    from gleak.report.sweep_plots import (
+        LEGEND,
+        defense_table,
+        plot_title,
+        privacy_utility_svg,
+        privacy_utility_title,
+        settings_text,
+        svg_markup,
+    )
 
     defenses = []
     for d in sweep.defenses:
@@ -361,7 +369,9 @@ def sweep_context(sweep: SweepReport | None) -> dict[str, Any] | None:
                          "title": plot_title(sweep, d.name), "svg": Markup(svg_markup(sweep, d.name)),
                          "header": list(zip(table.header, table.numeric, strict=True)),
                          "rows": [list(zip(row, table.numeric, strict=True)) for row in table.rows]})
-    return {"settings": settings_text(sweep), "notices": sweep.notices, "defenses": defenses, "legend": LEGEND}
+    tradeoff = privacy_utility_svg(sweep)
+    return {"settings": settings_text(sweep), "notices": sweep.notices, "defenses": defenses, "legend": LEGEND,
+            "tradeoff": {"title": privacy_utility_title(sweep), "svg": Markup(tradeoff[tradeoff.index("<svg"):])}}
 
 
 VERDICT_CLASS = {"PASS": "pass", "FAIL": "fail", "GATE OFF": "off", "ERROR": "error"}
