@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from gleak.report.model import BASELINE, SweepReport  # noqa: E402
 from gleak.report.sweep_io import write_sweep  # noqa: E402
-from gleak.report.sweep_plots import PRIVACY_UTILITY, best_of  # noqa: E402
+from gleak.report.sweep_plots import PRIVACY_UTILITY, best_of, points_of  # noqa: E402
 from gleak.runs.inputs import ModelSpec  # noqa: E402
 from gleak.runs.sweep import SweepRequest, run_sweep  # noqa: E402
 
@@ -67,11 +67,7 @@ def table(report: SweepReport) -> list[str]:
     """One row per point: the best label attack's iAcc and which, the calibrated selector's, chance, accuracy."""
     lines = ["| defense | strength | best attack iAcc | best attack | calibrated iAcc | chance iAcc | "
              "test accuracy | cosine | ε |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    keys: list[tuple[str, object]] = []
-    for r in report.rows:
-        if (r.defense, r.strength) not in keys:
-            keys.append((r.defense, r.strength))
-    for defense, strength in keys:
+    for defense, strength in points_of(report):
         at = [r for r in report.rows if r.defense == defense and r.strength == strength]
         best = best_of(at, "iacc")
         cal = next((r for r in at if r.attack == "calibrated"), None)

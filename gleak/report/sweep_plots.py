@@ -102,6 +102,11 @@ def measured_accuracy(report: SweepReport) -> bool:
     return any(r.utility.accuracy is not None for r in report.rows)
 
 
+def points_of(report: SweepReport) -> list[tuple[str, object]]:
+    """The sweep's points, (defense, strength), in the order of its rows (the undefended baseline first)."""
+    return list(dict.fromkeys((r.defense, r.strength) for r in report.rows))
+
+
 def utility_label(report: SweepReport) -> str:
     """What the utility axis shows."""
     return "test accuracy" if measured_accuracy(report) else "cosine"
@@ -469,11 +474,7 @@ def print_summary(console: Console, report: SweepReport) -> None:
                        ("mean ± std", True), ("chance", True), *((("accuracy", True),) if accurate else ()),
                        ("cosine", True), *((("ε", True),) if dp else ())):
         table.add_column(col, justify="right" if right else "left", overflow="fold", no_wrap=col == "mean ± std")
-    keys: list[tuple[str, object]] = []
-    for r in report.rows:
-        if (r.defense, r.strength) not in keys:
-            keys.append((r.defense, r.strength))
-    for defense, strength in keys:
+    for defense, strength in points_of(report):
         at = [r for r in report.rows if r.defense == defense and r.strength == strength]
         for metric in metrics_of(report, at):
             scored = [r for r in at if r.metric == metric and r.mean is not None]
