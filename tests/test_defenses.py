@@ -334,3 +334,18 @@ def test_every_epsilon_is_stated_with_its_terms() -> None:
             "gleak.dp.max_grad_norm": 4.0}
     assert statement(0.5, terms_of(meta)) == "ε = 0.5 at δ = 1e-6 (RDP; q = 0.5, 1 step × 1 round); z = 2 (C = 4)"
     assert terms_of({k: v for k, v in meta.items() if k != "gleak.dp.delta"}) is None  # no δ: no stated ε
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the lent GPU machine)")
+def test_dpsgd_trains_on_cuda_with_a_seeded_generator_there(gleak, tmp_path: Path) -> None:
+    """Opacus draws DP-SGD's noise where the parameters are: the seeded generator must be on the model's device."""
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"c{i}.safetensors"
+        result = gleak("simulate", "--model", LENET, "--data", MNIST_CLIENT, "-b", 8, "--local-steps", 2, "--device",
+                       "cuda", "--defense", "dpsgd:epsilon=2", "--seed", 5, "-o", out, "-q")
+        assert result.exit_code == 0, result.stderr
+        outs.append(load_capture(out))
+    assert 1.9 <= outs[0].meta["gleak.dp.epsilon"] <= 2.0
+    for name, tensor in outs[0].tensors.items():
+        assert torch.equal(tensor, outs[1].tensors[name]), name  # the same seed, the same noise

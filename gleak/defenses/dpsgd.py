@@ -94,6 +94,24 @@ def check_model(model: nn.Module) -> None:
                      + (f" ({len(errors)} problems)" if len(errors) > 1 else ""))
 
 
+def _generator(model: nn.Module, seed: int) -> torch.Generator:
+    """The seeded generator of DP-SGD's noise, on the model's device (Opacus draws the noise where the parameters
+    are: a CPU generator fails for a model on CUDA)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _release(wrapped: Any) -> None:
+    """Take Opacus's hooks and per-example attributes off the model again, with its public API: ``cleanup`` from
+    Opacus 1.6, ``remove_hooks`` and ``del_grad_sample`` before."""
+    cleanup = getattr(wrapped, "cleanup", None)
+    if callable(cleanup):
+        cleanup()
+        return
+    wrapped.remove_hooks()
+    wrapped.del_grad_sample()
+
+
 def dp_train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
              make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], options: DpSgdOptions,
@@ -111,7 +129,7 @@ def dp_train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tenso
         wrapped = GradSampleModule(model, loss_reduction=reduction)
         optimizer = DPOptimizer(make_optimizer(list(model.parameters())), noise_multiplier=options.noise_multiplier,
                                 max_grad_norm=options.max_grad_norm, expected_batch_size=expected,
-                                loss_reduction=reduction, generator=torch.Generator().manual_seed(seed))
+                                loss_reduction=reduction, generator=_generator(model, seed))
         try:
             for inputs, targets in batches:
                 optimizer.zero_grad(set_to_none=True)
@@ -122,7 +140,7 @@ def dp_train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tenso
                             for n, p in model.named_parameters()}
                 optimizer.step()
         finally:
-            wrapped._close()
+            _release(wrapped)
     return None
 
 
