@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gleak.errors import GleakError, shorten
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+_Model = TypeVar("_Model", bound="BaseModel")
 
 ENV = "SOURCE_DATE_EPOCH"
 # the report fields that hold how long something took, zeroed when ENV is set (floats -> 0.0, the others -> None)
@@ -45,7 +50,7 @@ def created_at(from_input: str | None = None, *, clock: bool = True) -> str | No
     return None if when is None else when.isoformat(timespec="seconds")
 
 
-def zero_timings(model: Any) -> Any:
+def zero_timings(model: _Model) -> _Model:
     """``model`` (a pydantic report, walked with its sub-models, lists and dicts) with every timing set to 0 (None
     where a timing is optional) when ``SOURCE_DATE_EPOCH`` is set; unchanged otherwise. Returns ``model``."""
     if reproducible():

@@ -270,7 +270,7 @@ def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
             if config.scheme == "fedprox":
                 prox = sum(((p - a) ** 2).sum() for p, a in zip(local.parameters(), anchor, strict=True))
                 loss = loss + config.mu / 2 * prox
-            loss.backward()
+            torch.autograd.backward(loss)  # loss.backward(), typed
             opt.step()
         buffers = [n for n, _ in local.named_buffers()]
         capture = capture_update(global_model.state_dict(), local.state_dict(), config.learning_rate,

@@ -33,9 +33,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gleak.io", "gleak.errors", "gleak.registry", "gleak.reproducible", "gleak"),  # foundations: files, errors,
     # typed plug-in options, time stamps
 )
-# The deprecated re-export of gleak.runs.audit, kept for one release (CHANGELOG): its imports are not checked
-# against the layers (cycles through it are).
-LEGACY: tuple[str, ...] = ("gleak.audit",)
+# Modules kept outside the layers for a deprecation period (their imports are not checked against the layers; cycles
+# through them are). None today: gleak.audit, the re-export of gleak.runs.audit, is gone (CHANGELOG, issue 36).
+LEGACY: tuple[str, ...] = ()
 
 STRING_IMPORTERS = frozenset({"deferred", "import_module", "__import__"})
 

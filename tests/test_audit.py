@@ -288,15 +288,15 @@ def test_jobs_auto_hands_the_rest_to_workers_only_when_it_pays(monkeypatch, tmp_
                                                               workers: int) -> None:
     """--jobs auto audits here and starts one worker per CPU for the captures left once they would take longer than
     the break-even at the pace so far (forced here both ways); the report is the same either way."""
+    from gleak.runs import parallel
     from gleak.runs.audit import AuditConfig, run_audit
-    from gleak.runs.audit.executors import local
 
     folder = tmp_path / "caps"
     folder.mkdir()
     for i in range(8):  # 4 audited here before the pace is trusted, then 4 left for 2 workers
         shutil.copy(FEDSGD, folder / f"c{i}.safetensors")
-    monkeypatch.setattr(local, "AUTO_BREAK_EVEN_SECONDS", break_even)
-    monkeypatch.setattr(local, "available_cpus", lambda: 2)
+    monkeypatch.setattr(parallel, "AUTO_BREAK_EVEN_SECONDS", break_even)
+    monkeypatch.setattr(parallel, "available_cpus", lambda: 2)
     config = AuditConfig(lpips="off", confidence=0)
     auto = run_audit([folder], [LENET], [], config, jobs=0)
     here = run_audit([folder], [LENET], [], config, jobs=1)

@@ -21,10 +21,10 @@ from gleak.data import load_dataset
 from gleak.errors import GleakError
 from gleak.losses import LossSpec
 from gleak.metrics import perceptual
-from gleak.metrics.images import image_scores, match, psnr, ssim
+from gleak.metrics.images import baseline_psnr, image_scores, match, psnr, ssim
 from gleak.metrics.perceptual import load_lpips
 from gleak.models import LoadedModel, build_zoo_model, load_model, save_model
-from gleak.report.images import MIN_SHOWN, baseline_psnr, grid
+from gleak.report.images import MIN_SHOWN, grid
 from gleak.simulate import ClientConfig, simulate_client
 
 from .conftest import CIFAR, CNN, FEDAVG, FEDSGD, LENET, MNIST_CLIENT, SAMPLES

@@ -194,8 +194,8 @@ def test_jobs_auto_hands_the_trials_left_to_workers_once_they_pay(tmp_path: Path
         for t in trials:
             yield t, sweep_run.run_trial(setup, t)
 
-    monkeypatch.setattr("gleak.runs.audit.executors.local.AUTO_BREAK_EVEN_SECONDS", 0.0)
-    monkeypatch.setattr("gleak.runs.audit.executors.local.available_cpus", lambda: 2)
+    monkeypatch.setattr("gleak.runs.parallel.AUTO_BREAK_EVEN_SECONDS", 0.0)
+    monkeypatch.setattr("gleak.runs.parallel.available_cpus", lambda: 2)
     monkeypatch.setattr(sweep_run, "_pool", pool)
     args = ("sweep", "-M", LENET, "-d", MNIST_CLIENT, "--trials", "5", "--defense", "clip=0.01", "-a", "ilrg", "-q")
     assert run(*args, "--jobs", "auto", "-o", tmp_path / "auto")[0] == 0

@@ -228,7 +228,8 @@ class Context:
             aux = self.aux
             h, z = self._forward(lambda idx: aux.batch(idx)[0], len(aux))
             self._cache["aux"] = (h, z, aux.labels.clone())
-        return self._cache["aux"]
+        cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = self._cache["aux"]
+        return cached
 
     def predicted_class(self) -> int | None:
         """The model's prediction when a zero gradient says it already outputs the label with probability 1
@@ -318,7 +319,8 @@ class Context:
                 except GleakError:
                     value = None
             self._cache["feature_min"] = value
-        return self._cache["feature_min"]
+        feature_min: float | None = self._cache["feature_min"]
+        return feature_min
 
 
 @dataclass(frozen=True)

@@ -389,13 +389,11 @@ def handle_errors(fn: F) -> F:
             fail(str(e))
             # machines reading stdout get the error as JSON too
             if _wants_json(kwargs.get("format")) and not e.reported:
-                from gleak import __version__
-                from gleak.report.model import SCHEMA_VERSION
+                from gleak.report.model import ErrorReport
 
-                sys.stdout.write(json.dumps({
-                    "schema_version": SCHEMA_VERSION, "tool": "gleak", "gleak_version": __version__, "report": "error",
-                    "error": {"message": shorten(" ".join(str(e).split()), MAX_MESSAGE),
-                              "exit_code": GleakError.exit_code}}) + "\n")
+                error = ErrorReport.build({"error": {"message": shorten(" ".join(str(e).split()), MAX_MESSAGE),
+                                                     "exit_code": GleakError.exit_code}})
+                sys.stdout.write(json.dumps(error.to_json()) + "\n")
             raise typer.Exit(GleakError.exit_code) from None
         except KeyboardInterrupt:
             fail("interrupted")

@@ -133,7 +133,7 @@ def dp_train(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tenso
         try:
             for inputs, targets in batches:
                 optimizer.zero_grad(set_to_none=True)
-                loss_fn(wrapped(inputs), targets).backward()
+                torch.autograd.backward(loss_fn(wrapped(inputs), targets))  # loss.backward(), typed
                 if gradient_only:
                     optimizer.pre_step()  # clip per example, add the noise, average: p.grad is what is shared
                     return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu().clone()

@@ -70,7 +70,8 @@ class ResidualBlock(nn.Module):
         self.act = nn.LeakyReLU(0.01)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(x + self.body(x))
+        out: torch.Tensor = self.act(x + self.body(x))
+        return out
 
 
 class FeatureDecoder(nn.Module):

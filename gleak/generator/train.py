@@ -137,7 +137,7 @@ def train_decoder(features: torch.Tensor, images: torch.Tensor, settings: TrainS
                 if not bool(torch.isfinite(loss)):
                     raise GleakError(f"training diverged in epoch {epoch + 1} ({name}); try a smaller --lr")
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                torch.autograd.backward(loss)  # loss.backward(), typed
                 opt.step()
                 total += float(loss.detach()) * len(idx)
                 seen += len(idx)

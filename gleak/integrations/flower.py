@@ -321,7 +321,7 @@ class GleakCaptureMod:
         """Wait until every capture submitted so far is written."""
         self._writer.flush()
 
-    def __call__(self, msg: Message, context: Context, call_next: Any) -> Message:
+    def __call__(self, msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
         if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
             return call_next(msg, context)
         with contextlib.suppress(Exception):  # a previous round's leftovers must not become this round's truth

@@ -128,7 +128,7 @@ def _tensors(data: Mapping[str, Any]) -> dict[str, torch.Tensor]:
             else v.detach().cpu().clone() for k, v in data.items()}
 
 
-class GleakCaptureFilter(DXOFilter):
+class GleakCaptureFilter(DXOFilter):  # type: ignore[misc]  # NVFlare ships no type information
     """Write each ``WEIGHT_DIFF`` / ``WEIGHTS`` task result as a gleak capture; see the module docs.
 
     ``out_dir``: captures as ``round-NNNN/client-<site>.safetensors``, global models under ``models/``.

@@ -26,11 +26,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from gleak.metrics.perceptual import LPIPSModel
 
 SIMILARITIES = ("ncc", "ssim", "lpips", "mse")
 DEFAULT_SIMILARITY = "ncc"
@@ -72,13 +75,13 @@ def ncc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def ssim_lowpass(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[len(a), len(b)] SSIM (scikit-image defaults, data range 1) of the low-passed images."""
-    from skimage.metrics import structural_similarity
+    from gleak.metrics.images import ssim_pair  # scikit-image (and scipy) only when asked for
 
     x, y = lowpass(a.double()).clamp(0, 1).numpy(), lowpass(b.double()).clamp(0, 1).numpy()
     out = np.empty((len(x), len(y)))
     for i, u in enumerate(x):
         for j, v in enumerate(y):
-            out[i, j] = structural_similarity(u, v, data_range=1.0, channel_axis=0)
+            out[i, j] = ssim_pair(u, v)
     return torch.from_numpy(out)
 
 
@@ -87,7 +90,7 @@ def negative_mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return -torch.cdist(a.double().flatten(1), b.double().flatten(1)).pow(2) / a[0].numel()
 
 
-def lpips_similarity(model: Any) -> SimilarityFn:
+def lpips_similarity(model: LPIPSModel) -> SimilarityFn:
     """[len(a), len(b)] minus LPIPS, with a ready :class:`~gleak.metrics.perceptual.LPIPSModel`."""
     def similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         left = a.repeat_interleave(len(b), 0)

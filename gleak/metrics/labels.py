@@ -55,7 +55,8 @@ def binomial_pmf(n: int, p: float) -> np.ndarray:
     Written out rather than taken from scipy.stats, whose import alone costs about 0.6 s of every CLI run."""
     k = np.arange(n + 1)
     log_choose = np.array([math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in k])
-    return np.exp(log_choose + k * math.log(p) + (n - k) * math.log1p(-p))
+    pmf: np.ndarray = np.exp(log_choose + k * math.log(p) + (n - k) * math.log1p(-p))
+    return pmf
 
 
 def chance_scores(truth_counts: torch.Tensor) -> dict[str, float]:

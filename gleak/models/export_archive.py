@@ -262,7 +262,8 @@ def _weights_only_globals() -> set[str]:
     try:  # torch internal: the allow-list itself is not public (torch.serialization only adds to it)
         from torch import _weights_only_unpickler as wo
 
-        return set(wo._get_allowed_globals()) | set(wo._get_user_allowed_globals())
+        allowed = set(wo._get_allowed_globals())
+        return allowed | set(wo._get_user_allowed_globals())  # type: ignore[no-untyped-call]  # torch: no hints
     except (ImportError, AttributeError):  # a torch without this helper: accept no globals at all
         return set()
 

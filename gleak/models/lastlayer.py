@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,7 +286,7 @@ def _trace_hooks(model: nn.Module, state: Mapping[str, torch.Tensor], shape: tup
 
 def _match_output(outputs: Sequence[torch.Tensor], y: torch.Tensor) -> int | None:
     """Index of the last output that is ``y``: same object, same memory, or else equal values."""
-    tests = (
+    tests: tuple[Callable[[torch.Tensor], bool], ...] = (
         lambda o: o is y,
         lambda o: o.numel() == y.numel() and o.numel() > 0 and o.data_ptr() == y.data_ptr(),
         lambda o: o.shape == y.shape and torch.equal(o, y),
@@ -319,12 +319,13 @@ _FX_PASS = {
 _FX_TRANSPOSE = {"t", "permute", "transpose", "numpy_T"}
 
 
-def _op_name(target: Any) -> str:
+def _op_name(target: object) -> str:
     """'aten.linear.default' -> 'linear'; also handles plain Python callables."""
     schema = getattr(target, "_schema", None)
     if schema is not None:
-        return schema.name.split("::")[-1]
-    name = getattr(target, "__name__", str(target))
+        op: str = schema.name.split("::")[-1]
+        return op
+    name: str = getattr(target, "__name__", str(target))
     return name.split(".")[0]
 
 
@@ -435,7 +436,8 @@ def _ts_attr_path(value: Any) -> str | None:
 
 
 def _ts_is_none(value: Any) -> bool:
-    return value.type().kind() == "NoneType"
+    kind: str = value.type().kind()
+    return kind == "NoneType"
 
 
 def _walk_torchscript(model: Any, state: Mapping[str, torch.Tensor]) -> _Choice:

@@ -132,7 +132,8 @@ def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
         hint = did_you_mean(name, sorted(available), most=3) or "; see torchvision.models.list_models()"
         raise GleakError(f"unknown torchvision model {name!r}{hint}")
     try:
-        return torchvision.models.get_model(name, weights=None, **kwargs)
+        model: nn.Module = torchvision.models.get_model(name, weights=None, **kwargs)
+        return model
     except Exception as exc:  # any constructor failure is a bad kwarg from the user
         raise GleakError(f"cannot build torchvision:{name} with {kwargs}: {_why(exc)}") from None
 
@@ -474,7 +475,7 @@ def _export_input_shape(program: Any) -> tuple[int, ...] | None:
 def _load_torchscript(file: Path) -> LoadedModel:
     try:
         with overridden([warnings_dropped()]):  # torch.jit.load's deprecation notice is not the user's problem
-            module = torch.jit.load(str(file), map_location="cpu")
+            module = torch.jit.load(str(file), map_location="cpu")  # type: ignore[no-untyped-call]  # torch: no hints
     except Exception as exc:
         raise GleakError(f"{file} is not a loadable TorchScript archive: {_why(exc)}") from None
     return LoadedModel(module=module, source="TorchScript archive", arch=None)

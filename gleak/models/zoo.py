@@ -50,8 +50,8 @@ def _int_tuple(value: Any, what: str, length: int | None = None) -> tuple[int, .
     return items
 
 
-def _check_init(init: Any) -> str:
-    if init not in INITS:
+def _check_init(init: object) -> str:
+    if not isinstance(init, str) or init not in INITS:
         raise GleakError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
     return init
 
@@ -111,7 +111,8 @@ class LeNet5(nn.Module):
         x = self.flatten(self.features(x))
         x = self.act1(self.fc1(x))
         x = self.act2(self.fc2(x))
-        return self.fc3(x)
+        logits: torch.Tensor = self.fc3(x)
+        return logits
 
 
 class IDLGConvNet(nn.Module):
@@ -142,7 +143,8 @@ class IDLGConvNet(nn.Module):
             uniform_init_(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.flatten(self.body(x)))
+        logits: torch.Tensor = self.fc(self.flatten(self.body(x)))
+        return logits
 
 
 class FCN4(nn.Module):
@@ -170,7 +172,8 @@ class FCN4(nn.Module):
         self.fc = nn.Linear(h3, num_classes, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.layers(self.flatten(x)))
+        logits: torch.Tensor = self.fc(self.layers(self.flatten(x)))
+        return logits
 
 
 class MLP(nn.Module):
@@ -196,7 +199,8 @@ class MLP(nn.Module):
         self.fc = nn.Linear(previous, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.body(x))
+        logits: torch.Tensor = self.fc(self.body(x))
+        return logits
 
 
 class BasicBlock(nn.Module):
@@ -218,7 +222,8 @@ class BasicBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + self.shortcut(x))
+        activated: torch.Tensor = self.relu(out + self.shortcut(x))
+        return activated
 
 
 class ResNetCIFAR(nn.Module):
@@ -259,7 +264,8 @@ class ResNetCIFAR(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.bn1(self.conv1(x)))
         x = self.layer3(self.layer2(self.layer1(x)))
-        return self.fc(self.flatten(self.pool(x)))
+        logits: torch.Tensor = self.fc(self.flatten(self.pool(x)))
+        return logits
 
 
 # --------------------------------------------------------------------------- registry

@@ -10,9 +10,6 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from gleak.metrics.images import psnr
-
-BASELINE_MARGIN = 1.0  # dB a reconstruction must beat the trivial baseline by to count as one
 MIN_SHOWN = 64  # small images (28 px digits) are enlarged, pixel for pixel, to at least this size
 PADDING = 2  # white gap between grid cells, in pixels
 LINE_GAP = 2  # extra pixels between caption lines
@@ -108,23 +105,6 @@ def _captioned(picture: torch.Tensor, captions: Sequence[Sequence[str]], per_row
             draw.text((x0 + max(0.0, (width - shown) / 2), band_top + PADDING + k * line - top), words,
                       fill=(0, 0, 0), font=font)
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 255
-
-
-def baseline_psnr(truth: torch.Tensor) -> tuple[float, str]:
-    """Mean PSNR (dB) against ``truth`` [B, C, H, W] of the stronger of two guesses that need no attack.
-
-    Each image's flat mean colour (the best constant image; it beats flat grey 0.5 everywhere, and by far
-    on dark MNIST digits), and for B ≥ 2 each image's leave-one-out batch mean (the mean of the *other*
-    true images: the plain batch mean would contain the image itself, and for B = 1 be it)."""
-    truth = truth.detach().float().cpu()
-    flat = truth.mean(dim=(-2, -1), keepdim=True).expand_as(truth)
-    best = (float(psnr(flat, truth).mean()), "flat image of its mean colour")
-    if len(truth) >= 2:
-        others = (truth.sum(0, keepdim=True) - truth) / (len(truth) - 1)
-        mean = float(psnr(others, truth).mean())
-        if mean > best[0]:
-            best = (mean, "mean of the other true images")
-    return best
 
 
 IDENTIFIED = (0.1, 0.65, 0.2)  # frame of a true image picked first in its lineup (green)

@@ -216,7 +216,7 @@ def run_reconstruct(request: ReconstructRequest,
         labels.attack_seconds = round(prepared.label_result.seconds, 3)
     metrics = baseline = None
     if done.scored is not None:
-        from gleak.report.images import BASELINE_MARGIN
+        from gleak.metrics.images import BASELINE_MARGIN
 
         scored = done.scored
         metrics = ImageMetrics.model_validate(jsonable(scored.metrics))

@@ -39,11 +39,10 @@ class ScoredImages:
 def score_reconstruction(ctx: Context, images: torch.Tensor, truth: Truth, lpips: str = "alex") -> ScoredImages:
     """Match ``images`` (pixels in [0, 1]) one-to-one to the true inputs and score them (``gleak reconstruct`` and
     ``gleak audit`` both call this). The baseline is the better of two guesses that need no attack
-    (:func:`gleak.report.images.baseline_psnr`); beating it needs :data:`~gleak.report.images.BASELINE_MARGIN` dB."""
+    (:func:`gleak.metrics.images.baseline_psnr`); beating it needs :data:`~gleak.metrics.images.BASELINE_MARGIN` dB."""
     from gleak.attacks.reconstruct.base import to_pixels
-    from gleak.metrics.images import image_scores
+    from gleak.metrics.images import BASELINE_MARGIN, baseline_psnr, image_scores
     from gleak.metrics.perceptual import load_lpips
-    from gleak.report.images import BASELINE_MARGIN, baseline_psnr
 
     truth_pixels = to_pixels(ctx, truth.inputs)
     if truth_pixels.shape != images.shape:

@@ -575,7 +575,7 @@ AUTO_WARM_UP = 2  # trials run here before the pace is trusted: a trial is long 
 def _pool(request: SweepRequest, trials: Sequence[int], workers: int) -> Iterator[tuple[int, Trial]]:
     """``trials`` run by ``workers`` spawned processes (each loads the inputs once and gets its share of this
     process's threads); yields (trial, result) as they finish. An error in any trial stops the rest."""
-    from gleak.runs.audit.executors.local import pool
+    from gleak.runs.parallel import pool
 
     threads = max(1, torch.get_num_threads() // workers)
     for i, trial in pool(trials, _worker_init, (request, threads), _worker_trial, workers):
@@ -585,10 +585,10 @@ def _pool(request: SweepRequest, trials: Sequence[int], workers: int) -> Iterato
 def _run_trials(setup: _Setup, jobs: int, progress: Progress | None) -> tuple[list[Trial], int]:
     """Every trial's points, in trial order, and the number of processes that ran them: here (``jobs`` 1), in
     ``jobs`` workers, or (``jobs`` 0, auto) here until a pool pays for the trials left
-    (:func:`gleak.runs.audit.executors.local.pool_pays`, after :data:`AUTO_WARM_UP` trials), then one worker per
+    (:func:`gleak.runs.parallel.pool_pays`, after :data:`AUTO_WARM_UP` trials), then one worker per
     CPU (at most one per trial left). Before a pool starts, this process drops its loaded inputs
     (:meth:`_Setup.release`)."""
-    from gleak.runs.audit.executors import local
+    from gleak.runs import parallel
 
     count = setup.request.trials
     per_trial = len(setup.points)
@@ -606,7 +606,7 @@ def _run_trials(setup: _Setup, jobs: int, progress: Progress | None) -> tuple[li
         return lambda what: tick(f"trial {t + 1}/{count}: {what}")
 
     workers = 1
-    if jobs != 1 and count > 1 and (jobs > 1 or local.available_cpus() > 1):
+    if jobs != 1 and count > 1 and (jobs > 1 or parallel.available_cpus() > 1):
         if jobs > 1:
             workers = min(jobs, count)
             todo = list(range(count))
@@ -618,9 +618,9 @@ def _run_trials(setup: _Setup, jobs: int, progress: Progress | None) -> tuple[li
                 results[t] = run_trial(setup, t, ticker(t))
                 seconds.append(time.perf_counter() - started)
                 left = count - t - 1
-                if local.pool_pays(seconds, left, min(local.available_cpus(), left), AUTO_WARM_UP):
+                if parallel.pool_pays(seconds, left, min(parallel.available_cpus(), left), AUTO_WARM_UP):
                     todo = list(range(t + 1, count))
-                    workers = min(local.available_cpus(), left)
+                    workers = min(parallel.available_cpus(), left)
                     break
         if todo:
             setup.release()

@@ -107,7 +107,8 @@ def rank_one(grad: torch.Tensor) -> torch.Tensor:
     instead of reading them off one row r and one column a. With ∇W projected, ŷ(s) no longer depends on
     the choice of a."""
     u, sv, vh = torch.linalg.svd(grad.double(), full_matrices=False)
-    return sv[0] * torch.outer(u[:, 0], vh[0])
+    approx: torch.Tensor = sv[0] * torch.outer(u[:, 0], vh[0])
+    return approx
 
 
 class PseudoLabel:
@@ -150,7 +151,8 @@ class PseudoLabel:
 
         No longer searched: :class:`NoisyFit` replaces it with the full generalised least squares (the noise also
         reaches p through the noisy feature, and ∇b is a second view of p − y), which this approximates."""
-        return (s * self.r.norm()) ** 2 * self.loss(s)
+        weighted: torch.Tensor = (s * self.r.norm()) ** 2 * self.loss(s)
+        return weighted
 
 
 def lbfgs_search(f: PseudoLabel, first_sign: float = 1.0, steps: int = STEPS_PER_SIDE) -> tuple[float, float, str]:
@@ -168,7 +170,7 @@ def lbfgs_search(f: PseudoLabel, first_sign: float = 1.0, steps: int = STEPS_PER
             opt.zero_grad()
             value = f.loss(s)[0]
             if torch.isfinite(value):
-                value.backward()
+                torch.autograd.backward(value)  # value.backward(), typed
             return value
 
         for _ in range(steps):
@@ -187,7 +189,7 @@ def lbfgs_search(f: PseudoLabel, first_sign: float = 1.0, steps: int = STEPS_PER
                 skip *= 2
                 history.clear()
                 continue
-            opt.step(closure)
+            opt.step(closure)  # type: ignore[no-untyped-call]  # torch leaves LBFGS.step unannotated
             if value < best[1]:
                 best = (float(s.detach()), value, f"lbfgs from {sign:+.0f} (not converged)")
     return best
@@ -265,11 +267,11 @@ def polish(f: PseudoLabel, s: float, loss: float) -> tuple[float, float]:
     def closure() -> torch.Tensor:
         opt.zero_grad()
         value = f.loss(t)[0]
-        value.backward()
+        torch.autograd.backward(value)  # value.backward(), typed
         return value
 
     try:
-        opt.step(closure)
+        opt.step(closure)  # type: ignore[no-untyped-call]  # torch leaves LBFGS.step unannotated
     except RuntimeError:
         return s, loss
     with torch.no_grad():
@@ -584,7 +586,9 @@ class NoisyFit:
             slope = (labels[2] - labels[0]) / (2 * h)
             h = min(max(var_t**0.5, abs(t0) * 1e-12), abs(t0) * 1e-2)
         _, A = _design(torch.argsort(fit.label, descending=True)[None, :], self.C, fit.family)
-        return var_t * torch.outer(slope, slope) + dispersion * self.tau**2 * (A[0] @ fit.theta_cov @ A[0].T)
+        at_fixed_t = A[0] @ fit.theta_cov @ A[0].T
+        cov: torch.Tensor = var_t * torch.outer(slope, slope) + dispersion * self.tau**2 * at_fixed_t
+        return cov
 
 
 @dataclass

@@ -47,7 +47,8 @@ def batch_loss_estimate(grad_bias: torch.Tensor, labels: torch.Tensor, num_class
 
 def features_from_outputs(grad_weight: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """Eq. 5: F = pinv(Dᵀ)·∇W, the least-squares (minimum-norm) features [B, H] given D [B, C]."""
-    return torch.linalg.pinv(d.double().T) @ grad_weight.double()
+    features: torch.Tensor = torch.linalg.pinv(d.double().T) @ grad_weight.double()
+    return features
 
 
 def fgla_features(grad_weight: torch.Tensor, grad_bias: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -57,7 +58,7 @@ def fgla_features(grad_weight: torch.Tensor, grad_bias: torch.Tensor, labels: to
     gw, gb = grad_weight.double(), grad_bias.double()
     C, B = gb.shape[0], len(labels)
     absent = torch.ones(C, dtype=torch.bool)
-    absent[labels.unique()] = False
+    absent[torch.unique(labels)] = False
     if bool(absent.any()):
         o_w, o_b = gw[absent].mean(0) * (B - 1) / B, gb[absent].mean() * (B - 1) / B
     else:  # every class present: no row shows the others' contribution alone
@@ -227,12 +228,14 @@ def least_squares_fit(system: OutputSystem, start: torch.Tensor, loss_weight: fl
 
                 def mv(u: np.ndarray) -> np.ndarray:
                     step = torch.from_numpy(np.ascontiguousarray(u).ravel())
-                    return torch.func.jvp(fun, (point,), (step,))[1].numpy()
+                    jv: np.ndarray = torch.func.jvp(fun, (point,), (step,))[1].numpy()
+                    return jv
 
                 pull = torch.func.vjp(fun, point)[1]
 
                 def rmv(u: np.ndarray) -> np.ndarray:
-                    return pull(torch.from_numpy(np.ascontiguousarray(u).ravel()))[0].numpy()
+                    vj: np.ndarray = pull(torch.from_numpy(np.ascontiguousarray(u).ravel()))[0].numpy()
+                    return vj
 
                 return LinearOperator((rows, n), matvec=mv, rmatvec=rmv, dtype=np.float64)
 
@@ -299,7 +302,7 @@ def adam_fit(system: OutputSystem, start: torch.Tensor, *, alphas: tuple[float, 
     for it in range(iterations):
         opt.zero_grad(set_to_none=True)
         loss = system.paper_objective(y, alphas)
-        loss.backward()
+        torch.autograd.backward(loss)  # loss.backward(), typed
         opt.step()
         if progress is not None and (it % 100 == 0 or it == iterations - 1):
             progress(0, it + 1, iterations, float(loss.detach()))

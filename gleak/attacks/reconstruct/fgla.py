@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
+
 from gleak.attacks.base import NO_INPUTS, ImageOutput, RunInputs
 from gleak.attacks.context import Context
 from gleak.attacks.reconstruct.disaggregate import fgla_features
@@ -29,7 +31,7 @@ class FGLA(GenerativeAttack):
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> ImageOutput:
         labels = self.hard_labels(ctx, inputs)
         features = fgla_features(ctx.require_grad_weight(), ctx.require_grad_bias(), labels)
-        shared = int(len(labels) - len(labels.unique()))
+        shared = int(len(labels) - len(torch.unique(labels)))
         warnings = [f"{shared} of {len(labels)} examples share a label with another: FGLA gives them the same "
                     "feature (and image)"] if shared else []
         diag = {"labels": labels.tolist(), "examples_sharing_a_label": shared}

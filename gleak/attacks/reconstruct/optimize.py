@@ -130,7 +130,8 @@ def lbfgs(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, .
         best, best_x, done = float("inf"), x.detach().clone(), 0
         for it in range(iterations):
             before = x.detach().clone()
-            value = float(opt.step(closure))  # the objective at ``before``
+            # the objective at ``before``; torch leaves LBFGS.step unannotated
+            value = float(opt.step(closure))  # type: ignore[no-untyped-call]
             if bad or value != value:
                 break
             if value < best:

@@ -134,6 +134,6 @@ class RGLA(GenerativeAttack):
             "residual": fit.chosen.residual, "loss_gap": fit.chosen.loss_gap, "evaluations_run": fit.evaluations,
             "candidates": [{"start": c.start, "residual": c.residual, "loss_gap": c.loss_gap,
                             "evaluations": c.evaluations} for c in fit.candidates],
-            "examples_sharing_a_label": int(B - len(labels.unique())),
+            "examples_sharing_a_label": int(B - len(torch.unique(labels))),
         }
         return self.decode(ctx, inputs, features, diag, {"logits": fit.logits.float()}, warnings)

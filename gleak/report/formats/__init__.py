@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from gleak.report.model import Report
 
@@ -28,5 +28,4 @@ class Format(Protocol):
 
 def get_format(name: str) -> Format:
     """The format module called ``name`` (one of :data:`MODULES`)."""
-    module: Any = importlib.import_module(f"gleak.report.formats.{MODULES[name]}")
-    return module
+    return cast(Format, importlib.import_module(f"gleak.report.formats.{MODULES[name]}"))  # each module is a Format
