@@ -16,7 +16,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 
 from gleak.errors import GleakError
 
@@ -52,7 +52,7 @@ def _opacus() -> None:
         raise GleakError("privacy accounting needs Opacus (pip install opacus)") from exc
 
 
-@cache
+@lru_cache(maxsize=1024)  # distinct (z, q, steps) of a run: few; bounded all the same
 def _round_rdp(noise_multiplier: float, sample_rate: float, steps: int) -> tuple[float, ...]:
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis import rdp
