@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gleak.attacks import build_context, run_attack
-from gleak.attacks.labels.confidence import calibrate, conformal_half_width
+from gleak.attacks.labels.confidence import CalibrationCache, calibrate, conformal_half_width
 from gleak.attacks.plan import select_attacks
 from gleak.data import load_dataset
 from gleak.metrics.labels import truth_counts
@@ -34,7 +34,7 @@ def test_intervals_cover_the_truth_on_real_batches_of_a_trained_model() -> None:
     model = load_model(SAMPLES / "models" / "lenet_mnist80.safetensors")
     aux, client = load_dataset(MNIST_AUX), load_dataset(SAMPLES / "data" / "mnist_client.safetensors")
     attacks = select_attacks("labels", ["zlg-plus", "rlu"])
-    cache: dict = {}
+    cache = CalibrationCache()
     covered: dict[str, list[bool]] = {a.name: [] for a in attacks}
     calibration = {}
     for i in range(12):

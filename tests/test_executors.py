@@ -107,16 +107,18 @@ def _run_folder(root: Path, rounds: int, pt2: bool = False) -> Path:
 
 
 def test_models_are_indexed_once_and_loaded_when_a_capture_needs_them(tmp_path: Path) -> None:
-    from gleak.runs.audit.setup import find_models
+    from gleak.runs.audit.setup import HashCache, find_models
 
     root = _run_folder(tmp_path / "run", rounds=5)
     config = AuditConfig(lpips="off", confidence=0, model_cache=2)
     files = find_models([root / "models" / "round-*.safetensors"])  # a glob, as the shell would pass it quoted
     assert [p.name for p in files] == [f"round-{r:04d}.safetensors" for r in range(5)]
-    store = ModelSet.load(files, config)
+    hashes = HashCache()  # the caller's, shared by both stores (a store's own otherwise)
+    store = ModelSet.load(files, config, hashes=hashes)
     assert store.loads == 5 and len(set(store.index.values())) == 5  # each hashed once, one at a time
-    again = ModelSet.load(files, config)
-    assert again.loads == 0  # unchanged files are not read again in this process
+    again = ModelSet.load(files, config, hashes=hashes)
+    assert again.loads == 0  # unchanged files are not read again with the same HashCache
+    assert ModelSet.load(files, config).loads == 5  # no hidden process-wide cache: a fresh store hashes again
     for r in range(5):
         report, _, _ = audit_capture(root / "captures" / f"round-{r:04d}.safetensors", again, [], config)
         assert report.status == "ok" and report.model is not None and report.model.path.endswith(f"round-{r:04d}"

@@ -396,6 +396,10 @@ def test_label_attacks_run_or_say_why(files: dict[str, Path], fmt: str, referenc
     for name in forward:
         if fmt == "script":
             assert "TorchScript" in (results[name].reason or ""), name
+        elif fmt == "static" and REGISTRY[name].requires.needs_batch_forward:
+            # calibrated trains simulated clients on batches of B: a program exported for batches of 1 cannot
+            # (it passed here only while a process-wide cache reused the dynamic export's calibration)
+            assert results[name].status == "not_applicable" and "dynamic batch" in (results[name].reason or "")
         else:
             assert results[name].status == "ok", (name, results[name].reason)
 
@@ -521,3 +525,14 @@ def test_a_host_thread_keeps_unpickling_and_logging_while_gleak_loads_models(
 
 
 ORIGINALS = (torch.load, pickle.loads, pickle.load, torch._C._pickle_load_obj)
+
+
+def test_audit_of_a_fixed_batch_export_says_why_it_is_not_calibrated(gleak: Any, files: dict[str, Path]) -> None:
+    """The audit calibrates label attacks by training simulated clients on batches of B; a program exported for
+    batches of 1 cannot run them: one reason, exit 0, never an internal error (exit 3 before)."""
+    result = gleak("audit", files["capture"], "--model", files["static"], "--aux", MNIST_AUX, "--fail-on", "none",
+                   "--format", "json", "-q")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    failed = [n for n in report["notices"] if n["code"] == "ATTACK_FAILED" and n["message"].startswith("calibrated")]
+    assert failed and "dynamic batch" in failed[0]["message"]

@@ -469,6 +469,29 @@ def test_arch_factory_module_found_in_working_directory(tmp_path: Path, monkeypa
         _forget(monkeypatch, "gleak_cwd_net", "gleak_cwd_width")
 
 
+def test_arch_from_working_directory_never_touches_sys_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module found in the working directory is loaded without editing sys.path (not even while it is imported
+    and its factory runs), and is registered in sys.modules under its name, so pickles that name it resolve."""
+    import os
+    import sys
+
+    (tmp_path / "gleak_cwd_probe.py").write_text(
+        "import sys\nfrom torch import nn\n\nAT_IMPORT = list(sys.path)\n\n\n"
+        "def build() -> nn.Module:\n    build.seen = list(sys.path)\n    return nn.Linear(2, 2)\n")
+    _forget(monkeypatch, "gleak_cwd_probe")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    before = list(sys.path)
+    try:
+        build_arch("gleak_cwd_probe:build")
+        probe = sys.modules["gleak_cwd_probe"]
+        assert Path(probe.__file__).parent == tmp_path
+        at_import = probe.AT_IMPORT
+        assert at_import == before and probe.build.seen == before and sys.path == before
+    finally:
+        _forget(monkeypatch, "gleak_cwd_probe")
+
+
 def test_arch_working_directory_never_shadows_installed_modules(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A json.py in the working directory is not what `--arch json:build` imports: the installed json wins."""

@@ -8,7 +8,7 @@ import statistics
 import torch
 
 from gleak.attacks import build_context, run_attack
-from gleak.attacks.labels.confidence import calibrate
+from gleak.attacks.labels.confidence import CalibrationCache, calibrate
 from gleak.attacks.labels.stacking import features, fit, out_of_fold
 from gleak.attacks.plan import select_attacks
 from gleak.data import load_dataset
@@ -56,7 +56,7 @@ def test_stacked_counts_match_the_best_attack_on_real_batches_of_a_trained_model
     model = load_model(SAMPLES / "models" / "lenet_mnist80.safetensors")
     aux, client = load_dataset(MNIST_AUX), load_dataset(SAMPLES / "data" / "mnist_client.safetensors")
     attacks = select_attacks("labels", ["zlg-plus", "posterior", "rlu"])
-    cache: dict = {}
+    cache = CalibrationCache()
     scores: dict[str, list[float]] = {}
     expected = 0.0
     for i in range(10):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,6 +12,9 @@ from gleak.attacks.context import Context
 from gleak.attacks.registry import attacks_for, get_attack
 from gleak.errors import GleakError
 from gleak.metrics.labels import label_scores, soft_label_scores
+
+if TYPE_CHECKING:
+    from gleak.attacks.labels.confidence import CalibrationCache
 
 
 def select_attacks(task: str, names: Sequence[str] | None) -> list[Attack]:
@@ -25,7 +28,7 @@ def select_attacks(task: str, names: Sequence[str] | None) -> list[Attack]:
 def run_label_attacks(ctx: Context, attacks: Sequence[Attack], truth_counts: torch.Tensor | None = None,
                       progress: Callable[[str], None] | None = None,
                       truth_soft: torch.Tensor | None = None, confidence: int = 0,
-                      confidence_cache: dict[Any, Any] | None = None, combine: bool = False) -> list[AttackResult]:
+                      confidence_cache: CalibrationCache | None = None, combine: bool = False) -> list[AttackResult]:
     """Run each attack; with true per-class counts (and, for one example, its true soft label) score every
     successful result. With ``confidence`` = K > 0, calibrate each successful attack on K simulated batches
     (:mod:`gleak.attacks.labels.confidence`): 90 % count intervals, expected and chance iAcc per batch composition,
@@ -60,7 +63,7 @@ def _score(result: AttackResult, truth_counts: torch.Tensor | None, truth_soft: 
 
 
 def _attach_confidence(ctx: Context, attacks: Sequence[Attack], results: list[AttackResult], simulations: int,
-                       cache: dict[Any, Any] | None, combine: bool = False, truth_counts: torch.Tensor | None = None,
+                       cache: CalibrationCache | None, combine: bool = False, truth_counts: torch.Tensor | None = None,
                        truth_soft: torch.Tensor | None = None) -> None:
     from gleak.attacks.labels.confidence import calibrate
 

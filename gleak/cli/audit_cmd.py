@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -40,7 +41,8 @@ from gleak.cli.common import (
 from gleak.errors import GleakError, Origin, did_you_mean
 
 if TYPE_CHECKING:
-    from gleak.report.model import ExecutorName, Report, SweepReport
+    from gleak.report.model import Budget, ExecutorName, FailOn, Report, SweepReport
+    from gleak.runs.audit import AuditConfig
 
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
 
@@ -129,9 +131,7 @@ def audit(
     verbose: VerboseOpt = False,
 ) -> None:
     """Audit captures for leakage: findings with severities, reports for people, CI and code scanning."""
-    from gleak.config import find_config, parse_thresholds
-    from gleak.report.formats import get_format
-    from gleak.runs.audit import AuditConfig
+    from gleak.config import find_config
 
     loaded = find_config(config_file)
     given = {"budget": budget, "fail_on": fail_on, "fail_rounds": fail_rounds,
@@ -142,29 +142,65 @@ def audit(
     effective, sources = merge_config(ctx, given, loaded)
     origins = {key: origin_of(ctx, key, sources[key], loaded) for key in OPTION_KEYS}
     if show_config:
-        if parse_formats(effective["format"], origins["format"]) == ["json"]:
-            print_json({k: {"value": [str(v) for v in effective[k]] if isinstance(effective[k], list)
-                            else effective[k], "from": sources[k]} for k in OPTION_KEYS})
-        else:
-            from gleak.report.formats.console import print_audit_config
-
-            print_audit_config(console, OPTION_KEYS, effective, sources)
+        _show_config(effective, sources, origins)
         return
-    budget, fail_on, format, lpips = effective["budget"], effective["fail_on"], effective["format"], effective["lpips"]
-    seed, device = effective["seed"], effective["device"]
-    model, aux, threshold = effective["model"], effective["aux"], effective["threshold"]
-    executor, address = effective["executor"], effective["address"]
-    arch, arch_kwargs = effective["arch"], effective["arch_kwargs"]
+    checked = check_settings(effective, sources, origins, paths, output, force, sweep, loaded)
+    config = _audit_config(effective, checked, paths or [], allow_model_mismatch=allow_model_mismatch,
+                           confidence=confidence, max_memory=max_memory, lineup=lineup, model_cache=model_cache,
+                           trust_pickle=trust_pickle)
+    from gleak.runs.audit.setup import HashCache
+
+    hashes, sweep_report = HashCache(), checked.sweep  # each model file hashed once, for the sweep's check too
+    if sweep is not None and sweep_report is not None:
+        sweep_report = check_sweep_model(sweep, sweep_report, checked.model, config, hashes)
+    report = _run(list(paths or []), checked.model, checked.aux, config, output, checked.workers,
+                  show=not quiet and "table" in checked.formats, executor=checked.executor, address=checked.address,
+                  hashes=hashes)
+    if output is not None:
+        from gleak.report.outputs import write_outputs
+
+        write_outputs(report, checked.files or ["json"], output, sweep_report)
+    _render(report, checked.formats, checked.files, output, quiet)
+    if report.has_errors():
+        raise typer.Exit(2)
+    if report.failed():
+        raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class CheckedSettings:
+    """The audit's settings once every one is checked: what the run and the rendering take."""
+
+    formats: list[str]  # every --format name, table included
+    files: list[str]  # the formats written as files (or json to stdout without -o)
+    budget: Budget
+    fail_on: FailOn
+    fail_rounds: str
+    executor: ExecutorName
+    workers: int
+    address: str | None
+    options: dict[str, dict[str, str]]
+    model: list[Path]
+    aux: list[Path]
+    sweep: SweepReport | None
+
+
+def check_settings(effective: dict[str, Any], sources: dict[str, str], origins: dict[str, Origin],
+                   paths: list[Path] | None, output: Path | None, force: bool, sweep: Path | None,
+                   loaded: Any) -> CheckedSettings:
+    """Every setting checked before any work, each error naming where its value came from (flag, variable,
+    file); the output folder and the sweep (an untrusted file) too."""
     from gleak.errors import choose
+    from gleak.report.formats import get_format
     from gleak.runs.audit.setup import BUDGETS, EXECUTORS, FAIL_ON, parse_fail_rounds
 
-    # every setting checked before any work, each error naming where its value came from (flag, variable, file)
-    formats = parse_formats(format, origins["format"])
-    chosen_budget = choose(budget, BUDGETS, origins["budget"])
-    gate = choose(fail_on, FAIL_ON, origins["fail_on"])
+    formats = parse_formats(effective["format"], origins["format"])
+    budget = choose(effective["budget"], BUDGETS, origins["budget"])
+    gate = choose(effective["fail_on"], FAIL_ON, origins["fail_on"])
     fail_rounds = parse_fail_rounds(effective["fail_rounds"], origins["fail_rounds"])
-    runner = choose(executor, EXECUTORS, origins["executor"])
+    runner = choose(effective["executor"], EXECUTORS, origins["executor"])
     workers = parse_jobs(effective["jobs"], origins["jobs"])
+    executor, address = effective["executor"], effective["address"]
     if address is not None and executor != "ray":
         raise GleakError(f"{origins['address'].subject(address)} is a Ray cluster's address: use it with --executor "
                          f"ray (the executor is {executor!r}, from "
@@ -172,59 +208,66 @@ def audit(
     assignments = _attack_options(effective["option"] or [], origins["option"])
     if not paths:
         raise GleakError("give at least one capture or folder of captures (CAPTURE_OR_DIR...)")
-    if not model:
+    if not effective["model"]:
         raise GleakError("audit needs the global model: --model FILE_OR_DIR (or model = [...] in the config)")
     if loaded.settings.threads is not None and requested_threads() is None:
         apply_threads(loaded.settings.threads)
-
     files = [f for f in formats if f != "table"]
     if output is None and any(f != "json" for f in files):
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
     if output is not None:
         check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]], ["run-*.png"])
-    sweep_report = None
-    if sweep is not None:  # read and validated before any work: an untrusted file
-        if "html" not in files:
-            raise GleakError("--sweep puts a sweep into report.html: add html to --format (e.g. --format table,html "
-                             "-o DIR)")
-        from gleak.report.sweep_io import load_sweep
+    return CheckedSettings(formats, files, budget, gate, fail_rounds, runner, workers, address, assignments,
+                           list(effective["model"]), list(effective["aux"] or []), _load_sweep(sweep, files))
 
-        sweep_report = load_sweep(sweep)
-    config = AuditConfig(budget=chosen_budget, fail_on=gate, fail_rounds=fail_rounds,
-                         thresholds=parse_thresholds(threshold or []), options=assignments,
-                         seed=seed, device=device, lpips=lpips, allow_model_mismatch=allow_model_mismatch,
-                         confidence=confidence, max_memory=gigabytes(max_memory), lineup=lineup,
-                         model_cache=model_cache, max_epsilon=effective["max_epsilon"],
-                         trust_pickle=trust_pickle, arch=arch, arch_kwargs=arch_kwargs,
-                         command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
-                         ["gleak", "audit", *[str(p) for p in paths]])
-    if sweep is not None and sweep_report is not None:
-        sweep_report = check_sweep_model(sweep, sweep_report, list(model), config)
-    report = _run(list(paths), list(model), list(aux or []), config, output, workers,
-                  show=not quiet and "table" in formats, executor=runner, address=address)
-    from gleak.report.verdict import has_run
-    from gleak.report.verdict import verdict as answer_of
 
-    if output is not None:
-        from gleak.io import OutputSet
+def _load_sweep(sweep: Path | None, files: list[str]) -> SweepReport | None:
+    """--sweep, read and validated before any work (an untrusted file); it needs html among the formats."""
+    if sweep is None:
+        return None
+    if "html" not in files:
+        raise GleakError("--sweep puts a sweep into report.html: add html to --format (e.g. --format table,html "
+                         "-o DIR)")
+    from gleak.report.sweep_io import load_sweep
 
-        with OutputSet(output, True) as out:
-            if report.run is not None and has_run(report):  # the series' plots, or ε alone
-                from gleak.report.plots import run_plots
+    return load_sweep(sweep)
 
-                for name, data in run_plots(report.run).items():
-                    out.write_bytes(name, data)
-                    report.run.plots.append(name)
-            for name in files or ["json"]:
-                fmt = get_format(name)
-                if name == "html" and sweep_report is not None:
-                    from gleak.report.formats.html import render as render_html
 
-                    out.write_bytes(fmt.FILENAME, render_html(report, output, sweep_report).encode("utf-8"))
-                    continue
-                out.write_bytes(fmt.FILENAME, fmt.render(report, output).encode("utf-8"))
-            out.commit()
-    elif "json" in files:
+def _audit_config(effective: dict[str, Any], checked: CheckedSettings, paths: list[Path], *,
+                  allow_model_mismatch: bool, confidence: int, max_memory: float | None, lineup: int,
+                  model_cache: int, trust_pickle: bool) -> AuditConfig:
+    """The run's configuration from the checked settings (thresholds parsed here) and the flags the config file
+    does not hold."""
+    from gleak.config import parse_thresholds
+    from gleak.runs.audit import AuditConfig
+
+    return AuditConfig(budget=checked.budget, fail_on=checked.fail_on, fail_rounds=checked.fail_rounds,
+                       thresholds=parse_thresholds(effective["threshold"] or []), options=checked.options,
+                       seed=effective["seed"], device=effective["device"], lpips=effective["lpips"],
+                       allow_model_mismatch=allow_model_mismatch, confidence=confidence,
+                       max_memory=gigabytes(max_memory), lineup=lineup, model_cache=model_cache,
+                       max_epsilon=effective["max_epsilon"], trust_pickle=trust_pickle, arch=effective["arch"],
+                       arch_kwargs=effective["arch_kwargs"],
+                       command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
+                       ["gleak", "audit", *[str(p) for p in paths]])
+
+
+def _show_config(effective: dict[str, Any], sources: dict[str, str], origins: dict[str, Origin]) -> None:
+    """--show-config: the effective settings and where each came from (JSON with --format json)."""
+    if parse_formats(effective["format"], origins["format"]) == ["json"]:
+        print_json({k: {"value": [str(v) for v in effective[k]] if isinstance(effective[k], list)
+                        else effective[k], "from": sources[k]} for k in OPTION_KEYS})
+    else:
+        from gleak.report.formats.console import print_audit_config
+
+        print_audit_config(console, OPTION_KEYS, effective, sources)
+
+
+def _render(report: Report, formats: list[str], files: list[str], output: Path | None, quiet: bool) -> None:
+    """The console's part: json on stdout without -o, the table, or one line for CI logs without it."""
+    from gleak.report.formats import get_format
+
+    if output is None and "json" in files:
         sys.stdout.write(get_format("json").render(report))
     if "table" in formats:
         from gleak.report.formats.console import print_audit
@@ -234,16 +277,14 @@ def audit(
             console.print(f"reports in {escape(str(output))}: "
                           + ", ".join(get_format(n).FILENAME for n in files or ["json"]), soft_wrap=True)
     if "table" not in formats and not quiet:  # one line for CI logs when the console table is off
+        from gleak.report.verdict import verdict as answer_of
+
         verdict = answer_of(report).status
         err_console.print(f"gleak audit: {len(report.captures)} capture(s), {len(report.findings)} finding(s)"
                           + (f" (worst {report.worst()})" if report.findings else "")
                           + f"; {verdict} (--fail-on {report.fail_on}"
                           + (f" --fail-rounds {report.fail_rounds})" if report.fail_rounds != "any" else ")")
                           + (f"; reports in {escape(str(output))}" if output is not None else ""), soft_wrap=True)
-    if report.has_errors():
-        raise typer.Exit(2)
-    if report.failed():
-        raise typer.Exit(1)
 
 
 OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
@@ -289,7 +330,8 @@ def _attack_options(items: list[str], origin: Origin) -> dict[str, dict[str, str
     return assignments
 
 
-def check_sweep_model(where: Path, sweep: SweepReport, models: list[Path], config: Any) -> SweepReport:
+def check_sweep_model(where: Path, sweep: SweepReport, models: list[Path], config: Any,
+                      hashes: Any = None) -> SweepReport:
     """The sweep, checked against the audited models: one made for another model (its recorded weights hash is
     none of theirs) is refused unless --allow-model-mismatch, which the sweep's notices then record; one that
     records no hash is shown with a notice that says so (never as checked)."""
@@ -300,13 +342,13 @@ def check_sweep_model(where: Path, sweep: SweepReport, models: list[Path], confi
         notice = ("this sweep records no model hash (settings.model_sha256): it was not checked against the "
                   f"audited model; it was made with {sweep.settings.model}")
         return sweep.model_copy(update={"notices": [*sweep.notices, notice]})
-    hashes = set(ModelSet.load(find_models(models), config).index.values())
-    if recorded in hashes:
+    audited = set(ModelSet.load(find_models(models), config, hashes=hashes).index.values())
+    if recorded in audited:
         return sweep
     if not config.allow_model_mismatch:
         raise GleakError(f"--sweep {where}: the sweep was made for another model (sha256 {recorded[:12]}…, "
-                         f"{sweep.settings.model}), not the audited one{'s' if len(hashes) > 1 else ''} "
-                         f"({', '.join(sorted(h[:12] + '…' for h in hashes))}); give the sweep of this model, or "
+                         f"{sweep.settings.model}), not the audited one{'s' if len(audited) > 1 else ''} "
+                         f"({', '.join(sorted(h[:12] + '…' for h in audited))}); give the sweep of this model, or "
                          "--allow-model-mismatch to show it anyway (the report says so)")
     notice = (f"made for another model (sha256 {recorded[:12]}…) than the audited one: shown with "
               "--allow-model-mismatch")
@@ -343,19 +385,19 @@ def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tupl
 
 
 def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, output: Path | None, jobs: int,
-         show: bool, executor: ExecutorName = "local", address: str | None = None) -> Report:
+         show: bool, executor: ExecutorName = "local", address: str | None = None, hashes: Any = None) -> Report:
     """run_audit under a Rich progress bar on a terminal, or one plain line per capture (CI logs)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from gleak.runs.audit import run_audit
 
     if not show:
-        return run_audit(paths, model, aux, config, output, None, jobs, executor, address)
+        return run_audit(paths, model, aux, config, output, None, jobs, executor, address, hashes)
     if not err_console.is_terminal:
         def line(i: int, total: int, path: Path) -> None:
             err_console.print(f"({i + 1}/{total}) {escape(str(path))}", soft_wrap=True, highlight=False)
 
-        return run_audit(paths, model, aux, config, output, line, jobs, executor, address)
+        return run_audit(paths, model, aux, config, output, line, jobs, executor, address, hashes)
     with Progress(TextColumn("[bold]audit"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("", total=None)
@@ -363,6 +405,6 @@ def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, out
         def update(i: int, total: int, path: Path) -> None:
             bar.update(task, total=total, completed=i + 1, description=escape(path.name))
 
-        return run_audit(paths, model, aux, config, output, update, jobs, executor, address)
+        return run_audit(paths, model, aux, config, output, update, jobs, executor, address, hashes)
 
 

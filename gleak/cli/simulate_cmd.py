@@ -19,23 +19,13 @@ from gleak.cli.common import (
     TrustPickleOpt,
     VerboseOpt,
     console,
-    deferred,
     handle_errors,
     number,
 )
 from gleak.errors import GleakError
 
 if TYPE_CHECKING:
-    from gleak.capture import truth_path_for
-    from gleak.losses import LossSpec
-    from gleak.metrics.labels import truth_counts
-    from gleak.simulate import ClientConfig
-else:  # imported on first use: the CLI starts without torch
-    truth_path_for = deferred("gleak.capture", "truth_path_for")
-    LossSpec = deferred("gleak.losses", "LossSpec")
-    truth_counts = deferred("gleak.metrics.labels", "truth_counts")
-    ClientConfig = deferred("gleak.simulate", "ClientConfig")
-
+    from gleak.runs.simulate import SimulateRequest, SimulateRun
 
 def parse_labels(text: str | None) -> tuple[int, ...] | None:
     if not text:
@@ -47,24 +37,6 @@ def parse_labels(text: str | None) -> tuple[int, ...] | None:
     if any(c < 0 for c in labels):
         raise GleakError("--labels must be non-negative class indices")
     return labels
-
-
-def _refuse_unused(*, optimizer: str, momentum: float | None, scheme: str, mu: float | None, loss: str,
-                   focal_gamma: float | None, focal_alpha: float | None, mixup: bool, mixup_ratio: float | None,
-                   composition: str, dirichlet_alpha: float | None) -> None:
-    """An option that the configured client would not use is an error, never silently dropped."""
-    unused = [
-        (momentum is not None and optimizer not in ("sgdm", "nag"), "--momentum applies to --optimizer sgdm or nag"),
-        (mu is not None and scheme != "fedprox", "--mu applies to --scheme fedprox"),
-        ((focal_gamma is not None or focal_alpha is not None) and loss != "focal",
-         "--focal-gamma/--focal-alpha apply to --loss focal"),
-        (mixup_ratio is not None and not mixup, "--mixup-ratio applies with --mixup"),
-        (dirichlet_alpha is not None and composition != "dirichlet",
-         "--dirichlet-alpha applies to --composition dirichlet"),
-    ]
-    for bad, message in unused:
-        if bad:
-            raise GleakError(message)
 
 
 @handle_errors
@@ -120,42 +92,37 @@ def simulate(
 ) -> None:
     """Simulate a client step (or steps) on real data; write a capture and its ground truth."""
     from gleak.defenses import parse_defense
+    from gleak.runs.inputs import ModelSpec
+    from gleak.runs.simulate import SimulateRequest, client_config, run_simulate
 
     defenses = tuple(parse_defense(spec) for spec in defense or [])
-    label_list = parse_labels(labels)
-    scheme = scheme or ("fedsgd" if local_steps == 1 else "fedavg")
-    _refuse_unused(optimizer=optimizer, momentum=momentum, scheme=scheme, mu=mu, loss=loss, focal_gamma=focal_gamma,
-                   focal_alpha=focal_alpha, mixup=mixup, mixup_ratio=mixup_ratio, composition=composition,
-                   dirichlet_alpha=dirichlet_alpha)
-    config = ClientConfig(
-        batch_size=batch_size, local_steps=local_steps, scheme=scheme,
-        learning_rate=lr, optimizer=optimizer, momentum=0.9 if momentum is None else momentum,
-        weight_decay=weight_decay, mu=mu or 0.0,
-        loss=LossSpec(loss, reduction, temperature, label_smoothing, 2.0 if focal_gamma is None else focal_gamma,
-                      1.0 if focal_alpha is None else focal_alpha),
-        mixup=mixup, mixup_ratio=mixup_ratio,
-        composition="explicit" if label_list and composition == "uniform" else composition,
-        labels=label_list, dirichlet_alpha=0.5 if dirichlet_alpha is None else dirichlet_alpha,
-        train_mode=train_mode, seed=seed, defenses=defenses,
-    )
-    from gleak.runs.inputs import ModelSpec
-    from gleak.runs.simulate import SimulateRequest, run_simulate
-
-    run = run_simulate(SimulateRequest(ModelSpec(model, arch, arch_kwargs, trust_pickle), data, config, output,
-                                       no_truth, device, force))
-    capture, truth, truth_path = run.capture, run.truth, truth_path_for(output)
+    config = client_config(
+        batch_size=batch_size, local_steps=local_steps, scheme=scheme, learning_rate=lr, optimizer=optimizer,
+        momentum=momentum, weight_decay=weight_decay, mu=mu, loss=loss, reduction=reduction, focal_gamma=focal_gamma,
+        focal_alpha=focal_alpha, temperature=temperature, label_smoothing=label_smoothing, mixup=mixup,
+        mixup_ratio=mixup_ratio, composition=composition, dirichlet_alpha=dirichlet_alpha,
+        labels=parse_labels(labels), train_mode=train_mode, seed=seed, defenses=defenses)
+    request = SimulateRequest(ModelSpec(model, arch, arch_kwargs, trust_pickle), data, config, output, no_truth,
+                              device, force)
+    run = run_simulate(request)
     if not quiet:
-        counts = truth_counts(truth.labels, capture.num_classes or 0)
-        shown = ", ".join(f"{c}×{int(n)}" for c, n in enumerate(counts.tolist()) if n)
-        console.print(f"[bold]{capture.kind}[/] of {config.local_steps} step(s) × B = {config.batch_size} "
-                      f"({config.scheme}, {config.optimizer}, lr {config.learning_rate:g})")
-        console.print(f"labels (class×count): {shown}")
-        for record in capture.get("gleak.defense") or []:
-            options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
-            console.print(f"defense {record['name']}" + (f" ({options})" if options else ""))
-        from gleak.report.privacy import describe_capture
+        _print_summary(run, request)
 
-        dp_text = describe_capture(capture.meta)
-        if dp_text is not None:
-            console.print(f"DP-SGD: {dp_text}", highlight=False, markup=False)
-        console.print(f"wrote {output}" + ("" if no_truth else f" and {truth_path}"))
+
+def _print_summary(run: SimulateRun, request: SimulateRequest) -> None:
+    """What was simulated (steps, batch, scheme, labels, defenses, DP-SGD's ε) and the files written."""
+    from gleak.report.privacy import describe_capture
+
+    capture, config = run.capture, request.config
+    shown = ", ".join(f"{c}×{n}" for c, n in run.label_counts)
+    console.print(f"[bold]{capture.kind}[/] of {config.local_steps} step(s) × B = {config.batch_size} "
+                  f"({config.scheme}, {config.optimizer}, lr {config.learning_rate:g})")
+    console.print(f"labels (class×count): {shown}")
+    for record in capture.get("gleak.defense") or []:
+        options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
+        console.print(f"defense {record['name']}" + (f" ({options})" if options else ""))
+    dp_text = describe_capture(capture.meta)
+    if dp_text is not None:
+        console.print(f"DP-SGD: {dp_text}", highlight=False, markup=False)
+    truth_path = request.truth_path
+    console.print(f"wrote {request.output}" + ("" if truth_path is None else f" and {truth_path}"))

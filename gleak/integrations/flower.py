@@ -435,7 +435,7 @@ class GleakAuditStrategy(Strategy):
         self.metadata = _Metadata(learning_rate, local_steps, local_epochs, batch_size, optimizer, momentum,
                                   weight_decay)
         self.config = AuditConfig(seed=seed, device="cpu", lpips="off", allow_model_mismatch=False,
-                                  confidence=confidence)
+                                  confidence=confidence).resolved()  # --max-memory's default: once, here
         self._round: dict[int, tuple[ArrayRecord, ConfigRecord]] = {}
         self.rounds: dict[int, list[dict[str, Any]]] = {}  # what was logged, per round (also in the file)
 
@@ -467,6 +467,7 @@ class GleakAuditStrategy(Strategy):
 
     # ------------------------------------------------------------------------------------------ auditing
     def _audit(self, server_round: int, replies: list[Message]) -> None:
+        from gleak.attacks.labels.confidence import CalibrationCache
         from gleak.models.loading import model_from_state
         from gleak.runs.audit import audit_loaded
 
@@ -479,7 +480,8 @@ class GleakAuditStrategy(Strategy):
                                   tuple(self.recorder.input_shape) if self.recorder.input_shape else None,
                                   f"Flower global model, round {server_round}")
         auxes = [(self.aux_path or Path("aux"), self.aux)] if self.aux is not None else []
-        cache: dict[tuple[Any, ...], dict[str, Any]] = {}  # the round's model: calibrated once for all replies
+        cache: dict[tuple[Any, ...], dict[str, Any]] = {}  # the round's model: its aux forwards, shared by replies
+        calibrations = CalibrationCache()  # the round's model: calibrated once for all replies
         lines: list[dict[str, Any]] = []
         for reply in replies:
             node = str(reply.metadata.src_node_id)
@@ -494,7 +496,7 @@ class GleakAuditStrategy(Strategy):
                 if self.write_captures:
                     self.recorder.write_built(capture, None, global_state, record)
                 report, findings, _ = audit_loaded(capture, loaded, auxes, self.config, cache=cache,
-                                                   name=f"flower://round-{server_round}/node-{node}")
+                                                   calibration_cache=calibrations, name=f"flower://round-{server_round}/node-{node}")
                 line.update(status=report.status, error=report.error, batch_size=report.batch_size,
                             local_steps=report.local_steps,
                             attacks=[{"attack": a.attack, "status": a.status, "counts": a.counts,

@@ -1,15 +1,18 @@
 """Load and save models: safetensors + arch spec, state dicts, TorchScript, torch.export, trusted pickles.
 
 An arch ``package.module:factory`` (from ``--arch`` only, never from a file) is imported as Python would, and,
-only when its top-level package is importable from nowhere else, from the current working directory (appended
-to the end of ``sys.path`` while it is imported and built), so files there never shadow installed packages. A
-trusted pickle (``--trust-pickle``) finds the modules of the classes it names the same way.
+only when its top-level package is importable from nowhere else, from the current working directory (a finder
+searched after every other one while it is imported and built; ``sys.path`` is never changed), so files there
+never shadow installed packages. A trusted pickle (``--trust-pickle``) finds the modules of the classes it names
+the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import io
 import json
 import os
@@ -138,26 +141,45 @@ def _build_torchvision(name: str, kwargs: dict[str, Any]) -> nn.Module:
         raise GleakError(f"cannot build torchvision:{name} with {kwargs}: {_why(exc)}") from None
 
 
+class _WorkingDirectoryFinder(importlib.abc.MetaPathFinder):
+    """Finds a *top-level* module or package (``NAME.py`` or ``NAME/``) in one directory, and nothing else: the
+    submodules of a package found here are found through its ``__path__`` as usual. Put last on
+    ``sys.meta_path``, it is asked only after every other finder (``sys.path`` included) found nothing."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if path is not None or "." in fullname:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [self.directory])
+
+
 @contextlib.contextmanager
 def _cwd_last_on_path() -> Iterator[None]:
-    """Put the working directory at the *end* of ``sys.path`` for the duration (installed packages win)."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.append(cwd)
-        importlib.invalidate_caches()
+    """For the duration, a module found nowhere else is looked up in the working directory (installed packages
+    and ``sys.path`` win): a :class:`_WorkingDirectoryFinder` at the *end* of ``sys.meta_path``. ``sys.path``
+    itself is never changed; a module found there stays in ``sys.modules`` under its name (so pickles that name
+    it resolve), as any import would."""
+    finder = _WorkingDirectoryFinder(os.getcwd())
+    importlib.invalidate_caches()  # files written since the directory was last listed
+    sys.meta_path.append(finder)
     try:
         yield
     finally:
-        if added:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(cwd)
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)
 
 
 def _import_arch_module(module_name: str) -> tuple[types.ModuleType, bool]:
     """Import ``module_name`` as usual; only when its top-level package is not importable at all, look for it in
     the working directory too (as ``python -m`` would), without letting files there shadow installed ones.
-    Returns the module and whether the working directory was needed."""
+    Returns the module and whether the working directory was needed.
+
+    The lookup, in order: (1) ``importlib.import_module`` with ``sys.path`` as it is; (2) only if that finds no
+    top-level package, ``NAME.py`` or the package ``NAME/`` in the current working directory, found by a finder
+    asked after all others (:func:`_cwd_last_on_path`) and registered in ``sys.modules`` under its name.
+    ``sys.path`` is not modified."""
     try:
         return importlib.import_module(module_name), False
     except ModuleNotFoundError as exc:
@@ -172,7 +194,7 @@ def _build_import(spec: str, kwargs: dict[str, Any]) -> nn.Module:
     """``package.module:factory`` (dotted attributes allowed): import, call with ``kwargs``, expect a Module.
 
     The module is looked up on ``sys.path`` first, then in the current directory (see
-    :func:`_import_arch_module`); the directory stays on the path while the factory runs, for its own imports."""
+    :func:`_import_arch_module`); the directory stays searched last while the factory runs, for its own imports."""
     module_name, _, attr_path = spec.partition(":")
     if not module_name or not attr_path:
         raise _unknown_arch(spec)
@@ -635,7 +657,7 @@ def _unpickle_trusted(file: Path) -> Any:
             head = f.read(64)
         raw = not zipfile.is_zipfile(file) and not _is_torch_legacy(head)
         # The classes a pickled module names live in the user's code: found as --arch finds a factory's
-        # module, on sys.path first, then in the working directory (appended to the path while unpickling).
+        # module, on sys.path first, then in the working directory (searched last while unpickling).
         with _cwd_last_on_path(), overridden([warnings_dropped()]):
             if raw:
                 with open(file, "rb") as f:

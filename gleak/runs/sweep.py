@@ -33,6 +33,7 @@ import torch
 from gleak import __version__
 from gleak.attacks import Context, build_context, get_attack
 from gleak.attacks.base import RunInputs
+from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.attacks.registry import attack_class, resolve_assignments
 from gleak.capture import Capture, Truth
@@ -402,7 +403,7 @@ class _Setup:
     device: torch.device
     max_memory: int | None
     forward_cache: dict[str, Any] = field(default_factory=dict)
-    calibration_cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    calibration_cache: CalibrationCache = field(default_factory=CalibrationCache)  # bounded (CACHE_ENTRIES)
     model_sha256: str = ""  # the model's tensors hash, kept when the model is released (audit --sweep checks it)
 
     @classmethod

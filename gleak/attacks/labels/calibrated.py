@@ -16,22 +16,19 @@ about 5 s for a B = 32 LeNet-5 gradient at K = 24.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from pydantic import Field
 
 from gleak.attacks.base import NO_INPUTS, Abstained, Attack, LabelOutput, RunInputs, run_attack
 from gleak.attacks.context import Context
-from gleak.attacks.labels.confidence import SIMULATIONS, Confidence, best_informative, calibrate
+from gleak.attacks.labels.confidence import SIMULATIONS, CalibrationCache, Confidence, best_informative, calibrate
 from gleak.attacks.labels.stacking import Stack
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import attacks_for, register
 from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError
-
-# calibrations kept between captures of one process (same model weights and settings: computed once)
-_CACHE: dict[tuple[Any, ...], Any] = {}
 
 
 class CalibratedOptions(AttackOptions):
@@ -47,13 +44,17 @@ class Calibrated(Attack):
     paper = ("gleak's selector: each attack measured on contributions simulated like the capture's; split-conformal "
              "intervals (Lei et al., JASA 2018)")
     summary = "the attack with the best iAcc on batches simulated like this one; abstains when none beats chance"
-    requires = Requirements(gradient_view=False, needs_model_forward=True, needs_aux=True)
+    requires = Requirements(gradient_view=False, needs_model_forward=True, needs_aux=True,
+                            needs_batch_forward=True)  # it trains simulated clients on batches of B
     default: ClassVar[bool] = False
     Options: ClassVar[type[AttackOptions]] = CalibratedOptions
     options: CalibratedOptions
 
     given: tuple[list[Attack], dict[str, Confidence]] | None = None  # set by :meth:`precalibrated`
     ran: dict[str, torch.Tensor] | None = None  # counts the candidates already gave on this capture
+    # calibrations shared between captures, owned by the caller (an audit, a sweep, a host program) that sets it;
+    # None: each run calibrates afresh (a cache of its own, dropped when the run ends)
+    cache: CalibrationCache | None = None
 
     @classmethod
     def precalibrated(cls, candidates: list[Attack], calibrated: dict[str, Confidence], simulations: int,
@@ -84,7 +85,8 @@ class Calibrated(Attack):
                           if a.name not in (self.name, "softlabel") and a.not_applicable(ctx) is None]
             if not candidates:
                 raise GleakError("no other label attack applies to this capture")
-            calibrated, why = calibrate(ctx, candidates, simulations=simulations, seed=ctx.seed, cache=_CACHE,
+            calibrated, why = calibrate(ctx, candidates, simulations=simulations, seed=ctx.seed,
+                                        cache=self.cache if self.cache is not None else CalibrationCache(),
                                         stack=self.options.stack)
             if why:
                 raise GleakError(why)

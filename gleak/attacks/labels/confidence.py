@@ -39,13 +39,16 @@ With ``stack=True`` a learned combination of the attacks (:mod:`gleak.attacks.la
 too, as the entry ``"stacked"``, from out-of-fold predictions; its fit on all K batches is kept in ``.stack``.
 
 The calibration depends on the model and the settings, not on the captured values, so it is computed once per
-(model, aux data, settings) and reused for every capture that shares them (``cache``).
+(model, aux data, settings) and reused for every capture that shares them (``cache``: a
+:class:`CalibrationCache` owned by whoever runs the attacks, e.g. one audit or one sweep; there is no
+process-wide cache).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,10 +67,47 @@ from gleak.metrics.labels import chance_scores, label_scores
 LEVEL = 0.9
 COMPOSITIONS = ("uniform", "dirichlet")
 SIMULATIONS = 24
-CACHE_ENTRIES = 16
+CACHE_ENTRIES = 32  # calibrations a CalibrationCache keeps by default (least recently used dropped first)
 DIRICHLET_ALPHA = 0.5  # the skewed batches' concentration (ClientConfig.dirichlet_alpha's default)
 CHANCE_DRAWS = 2000  # seeded label draws per composition: its chance iAcc (± 0.002) and the fit's reference
 FIT_LEVEL = 0.01  # recovered counts more concentrated than all but this share of the mixture's batches: no fit
+
+
+class CalibrationCache:
+    """Calibrations already made, keyed by (model weights, aux data, settings, attacks, options): a bounded LRU
+    owned by whoever runs the attacks (an audit, a sweep, a host program) and passed to :func:`calibrate`.
+
+    At most ``max_entries`` (default :data:`CACHE_ENTRIES`, 32) calibrations are kept; storing one more drops the
+    least recently used. Separate from the aux-set forward caches (those keep tensors, this keeps summaries)."""
+
+    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError(f"a CalibrationCache keeps at least 1 entry, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[Any, ...], dict[str, Confidence]] = OrderedDict()
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, Confidence] | None:
+        """The calibration stored under ``key`` (now the most recently used), or None."""
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[Any, ...], value: dict[str, Confidence]) -> None:
+        """Store ``value`` under ``key``, dropping the least recently used entries past ``max_entries``."""
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
 
 
 def concentration(counts: np.ndarray | torch.Tensor | Sequence[int]) -> np.ndarray:
@@ -395,9 +435,10 @@ def _composition(i: int) -> str:
 
 
 def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULATIONS, level: float = LEVEL,
-              seed: int = 0, cache: dict[tuple[Any, ...], dict[str, Confidence]] | None = None, stack: bool = False,
+              seed: int = 0, cache: CalibrationCache | None = None, stack: bool = False,
               ) -> tuple[dict[str, Confidence], str | None]:
-    """Each attack's :class:`Confidence` for ``ctx``'s settings, and why there is none (one line) if there is not."""
+    """Each attack's :class:`Confidence` for ``ctx``'s settings, and why there is none (one line) if there is not.
+    ``cache`` (the caller's): calibrations reused for the same model weights, aux data and settings; None: none."""
     from gleak.attacks.context import build_context
     from gleak.io import tensors_sha256
     from gleak.metrics.labels import truth_counts
@@ -410,14 +451,17 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
         return {}, f"not calibrated: {ctx.no_forward_reason or 'needs the model'}"
     if not ctx.batch_size:
         return {}, "not calibrated: the batch size is unknown"
+    if ctx.no_batch_forward_reason:  # simulating a client trains on batches of B: a fixed-batch export cannot
+        return {}, f"not calibrated: the simulated clients' training {ctx.no_batch_forward_reason}"
     settings = client_settings(ctx)
     names = tuple(a.name for a in attacks)
     options = tuple(repr(a.used_options()) for a in attacks)
     sha = tensors_sha256(ctx.model.state_dict())  # the weights themselves, not an object id, key the cache
     key = (sha, ctx.aux.source, len(ctx.aux), id(ctx.aux), ctx.layer.name, repr(sorted(settings.items())), names,
            options, simulations, level, seed, stack)
-    if cache is not None and key in cache:
-        return cache[key], None
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None:
+        return cached, None
     try:
         loaded = LoadedModel(ctx.model, "calibration", None, {}, ctx.input_shape, sha, {})
         tallies = {a.name: _Tally() for a in attacks}
@@ -455,7 +499,5 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
             combined.add(counts, ys[i], _composition(i), chance[i])
         out["stacked"] = combined.summary(level, compositions, stacking.fit(xs, ys, names))
     if cache is not None:
-        if len(cache) >= CACHE_ENTRIES:
-            cache.pop(next(iter(cache)))
-        cache[key] = out
+        cache.put(key, out)
     return out, None

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from gleak.attacks import Context, build_context, get_attack
 from gleak.attacks.base import AttackResult
 from gleak.attacks.consistency import batch_size_conflicts
+from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
 from gleak.data import Dataset
@@ -28,7 +29,7 @@ from gleak.report.privacy import terms_of
 from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
-from gleak.runs.inputs import resolve_device, soft_truth
+from gleak.runs.inputs import default_max_memory, resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import NO_LINEUP, finite, identification_of
 
@@ -62,7 +63,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         return _error(report, e, started), [], []
     report.stage_seconds = {"load": round(time.perf_counter() - started, 6)}
     return audit_loaded(capture, loaded, auxes, config, truth, out_dir, report=report, started=started,
-                        cache=models.forward_cache)
+                        cache=models.forward_cache, calibration_cache=models.calibration_cache)
 
 
 def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Path, Dataset]],
@@ -70,11 +71,13 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
                  name: str | None = None, report: CaptureReport | None = None,
                  started: float | None = None,
                  cache: dict[tuple[Any, ...], dict[str, Any]] | None = None,
+                 calibration_cache: CalibrationCache | None = None,
                  ) -> CaptureResult:
     """Audit a capture already in memory against its model (e.g. an update a server just received, from
     :mod:`gleak.integrations.flower`); ``name`` labels it in the report. Bad input becomes an error entry.
     ``cache`` (kept by the caller across captures) shares the auxiliary set's model forwards between captures
-    made with the same model weights and forward mode."""
+    made with the same model weights and forward mode; ``calibration_cache`` (the caller's too, bounded) shares
+    the label attacks' calibrations (``config.confidence``) between them; None: each capture calibrates afresh."""
     started = time.perf_counter() if started is None else started
     label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
     report = report or CaptureReport(capture=FileRef(path=label), round=capture.get("gleak.fl.round"),
@@ -89,7 +92,7 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     try:
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
                             allow_model_mismatch=config.allow_model_mismatch,
-                            max_memory=config.max_memory)
+                            max_memory=config.max_memory if config.max_memory is not None else default_max_memory())
         aux = pick_aux(auxes, ctx.input_shape, ctx.num_classes)
         if aux is not None:
             ctx = ctx.with_aux(aux[1], _shared_forwards(cache, loaded, aux, ctx))
@@ -125,9 +128,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     for label_attack in label_attacks:
         label_attack.configure(config.attack_options(label_attack.name))
     simulations = config.confidence if counts is None and ctx.aux is not None else 0
-    calibration_cache = cache.setdefault(("confidence",), {}) if cache is not None and simulations else None
     for result in run_label_attacks(ctx, label_attacks, counts, None, soft_truth(ctx, truth), simulations,
-                                    calibration_cache, combine=simulations > 0):
+                                    calibration_cache if simulations else None, combine=simulations > 0):
         report.attacks.append(_entry(result, "labels", dict(result.scores) if result.scores is not None else None))
         if result.status == "not_applicable":
             report.skipped.append(f"{result.attack}: {result.reason}")

@@ -17,14 +17,15 @@ from gleak.report.run_view import build_run_view
 from gleak.reproducible import zero_timings
 from gleak.runs.audit.capture import CaptureResult
 from gleak.runs.audit.executors import WorkerSetup, run_captures
-from gleak.runs.audit.setup import AuditConfig, ModelSet, find_captures, find_models
+from gleak.runs.audit.setup import AuditConfig, HashCache, ModelSet, find_captures, find_models
 from gleak.runs.inputs import resolve_device
 
 
 def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: Sequence[Path],
               config: AuditConfig, out_dir: Path | None = None,
               progress: Callable[[int, int, Path], None] | None = None, jobs: int = 1,
-              executor: ExecutorName = "local", address: str | None = None) -> Report:
+              executor: ExecutorName = "local", address: str | None = None,
+              hashes: HashCache | None = None) -> Report:
     """Audit every capture under ``captures`` against the models and aux data given; the whole report.
 
     ``executor`` ``local`` audits in this process, or with ``jobs`` > 1 in that many worker processes (spawned,
@@ -33,13 +34,14 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
     Ray cluster (:mod:`gleak.runs.audit.executors.ray`). The report keeps the captures' order either way; captures
     are read one at a time, so memory does not grow with their number."""
     started = time.perf_counter()
+    config = config.resolved()  # the machine's defaults (--max-memory), probed once here, not in the config
     files = find_captures(captures)
     model_files = find_models(model_paths)
     report = Report(gleak_version=__version__, command=list(config.command), budget=config.budget,
                     fail_on=config.fail_on, fail_rounds=config.fail_rounds,
                     seed=config.seed, device=str(resolve_device(config.device)),
                     threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs, executor=executor)
-    store = ModelSet.load(model_files, config)  # every file hashed once, one model in memory at a time
+    store = ModelSet.load(model_files, config, hashes=hashes)  # every file hashed once, one model in memory at a time
     setup = WorkerSetup(tuple(model_files), tuple(aux_paths), config, torch.get_num_threads(),
                         tuple(store.index.items()))
     del store

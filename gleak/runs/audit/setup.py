@@ -4,6 +4,7 @@ weights' hash and picks the auxiliary data that fits it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from collections import OrderedDict
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.capture import Capture
 from gleak.data import Dataset
 from gleak.errors import GleakError, Origin, choose
@@ -44,7 +46,8 @@ GLOB_CHARACTERS = frozenset("*?[")
 
 @dataclass
 class AuditConfig:
-    """What to run and how to judge it."""
+    """What to run and how to judge it. Constructing one only checks the values; it probes nothing (``max_memory``
+    None is resolved by :meth:`resolved`, once, where an audit starts: :func:`~gleak.runs.audit.run_audit`)."""
 
     budget: Budget = "quick"
     fail_on: FailOn = "high"
@@ -60,7 +63,7 @@ class AuditConfig:
     command: list[str] = field(default_factory=list)
     options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
     confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
-    max_memory: int | None = None  # bytes an attack may add (None: half the memory available when set up)
+    max_memory: int | None = None  # bytes an attack may add (None: the default, resolved when the audit starts)
     lineup: int = 9  # K distractors beside each true image in the identification lineup (chance 1 / (K + 1))
     model_cache: int = DEFAULT_MODEL_CACHE  # models kept loaded at once; others are loaded when a capture needs them
     max_epsilon: float | None = None  # the privacy budget: GLEAK-DP-BUDGET for a client whose run ε exceeds it
@@ -75,8 +78,14 @@ class AuditConfig:
             raise GleakError(f"--max-epsilon must be a finite number > 0, got {self.max_epsilon!r}")
         if not 1 <= self.lineup <= 99:
             raise GleakError(f"--lineup must be between 1 and 99 distractors, got {self.lineup}")
-        if self.max_memory is None:  # once, when the audit is set up: every capture gets the same budget
-            self.max_memory = default_max_memory()
+
+    def resolved(self) -> AuditConfig:
+        """This config with its defaults that depend on the machine filled in: ``max_memory`` None becomes
+        :func:`~gleak.runs.inputs.default_max_memory` (half the memory available now), probed here, so every
+        capture of the audit gets the same budget. Itself when there is nothing to resolve."""
+        if self.max_memory is not None:
+            return self
+        return dataclasses.replace(self, max_memory=default_max_memory())
 
     def attack_options(self, name: str, budget: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What configures attack ``name``: the budget's bounds (e.g. ``{"iterations": 500}``), then the user's
@@ -142,11 +151,39 @@ def find_models(paths: Sequence[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-# (resolved path, size, mtime, arch, arch kwargs) -> the weights' sha256: each file is hashed once per process
-_HASHES: dict[tuple[str, int, int, str | None, str | None], str] = {}
+HASH_CACHE_ENTRIES = 4096  # model files whose weights' sha256 a HashCache remembers (least recently used dropped)
+_FileKey = tuple[str, int, int, str | None, str | None]
 
 
-def _file_key(path: Path, config: AuditConfig | None) -> tuple[str, int, int, str | None, str | None] | None:
+class HashCache:
+    """The weights' sha256 of model files already hashed, keyed by (resolved path, size, modification time, arch,
+    arch kwargs): a bounded LRU of at most ``max_entries`` files, owned by whoever indexes models (a
+    :class:`ModelSet` has its own; pass one to :meth:`ModelSet.load` to share it between runs). A file changed in
+    size or modification time is hashed again."""
+
+    def __init__(self, max_entries: int = HASH_CACHE_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError(f"a HashCache keeps at least 1 entry, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[_FileKey, str] = OrderedDict()
+
+    def get(self, key: _FileKey) -> str | None:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: _FileKey, sha256: str) -> None:
+        self._entries[key] = sha256
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _file_key(path: Path, config: AuditConfig | None) -> _FileKey | None:
     try:
         stat = path.stat()
     except OSError:
@@ -161,7 +198,7 @@ class ModelSet:
     and loaded on demand.
 
     ``files`` are indexed once, one model in memory at a time (a bad file fails here, before any capture is read;
-    a file already hashed in this process, unchanged in size and modification time, is not read again); then a
+    a file already in ``hashes``, unchanged in size and modification time, is not read again); then a
     capture's model is loaded when the capture needs it and kept in a small LRU of ``cache_size`` models, so
     memory does not grow with the number of rounds. ``models`` are models already in memory (library callers,
     e.g. an FL server's current global model): always kept."""
@@ -169,6 +206,9 @@ class ModelSet:
     models: list[tuple[Path, LoadedModel]] = field(default_factory=list)
     # aux-set forwards shared by every capture audited with the same model, aux data and forward mode
     forward_cache: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
+    # the label attacks' calibrations shared by every capture of the audit (bounded: its own limit)
+    calibration_cache: CalibrationCache = field(default_factory=CalibrationCache, repr=False)
+    hashes: HashCache = field(default_factory=HashCache, repr=False)  # files already hashed (this run's own)
     files: list[Path] = field(default_factory=list)
     config: AuditConfig | None = None
     cache_size: int = DEFAULT_MODEL_CACHE
@@ -178,9 +218,11 @@ class ModelSet:
 
     @classmethod
     def load(cls, paths: Sequence[Path], config: AuditConfig,
-             index: Mapping[Path, str] | None = None) -> ModelSet:
-        """The store for ``paths``; indexed here unless ``index`` (from an earlier indexing) is given."""
-        store = cls(files=list(paths), config=config, cache_size=max(1, config.model_cache))
+             index: Mapping[Path, str] | None = None, hashes: HashCache | None = None) -> ModelSet:
+        """The store for ``paths``; indexed here unless ``index`` (from an earlier indexing) is given. ``hashes``:
+        the caller's :class:`HashCache` to reuse (and fill) across runs; None: a fresh one, this store's own."""
+        store = cls(files=list(paths), config=config, cache_size=max(1, config.model_cache),
+                    hashes=hashes if hashes is not None else HashCache())
         if index is not None:
             store.index.update(index)
         for path in store.files:
@@ -190,13 +232,14 @@ class ModelSet:
 
     def _index_file(self, path: Path) -> None:
         key = _file_key(path, self.config)
-        if key is not None and key in _HASHES:
-            self.index[path] = _HASHES[key]
+        known = self.hashes.get(key) if key is not None else None
+        if known is not None:
+            self.index[path] = known
             return
         loaded = self.get(path)
         self.index[path] = loaded.weights_sha256
         if key is not None:
-            _HASHES[key] = loaded.weights_sha256
+            self.hashes.put(key, loaded.weights_sha256)
 
     def get(self, path: Path) -> LoadedModel:
         """The model in ``path``: from the LRU, or loaded (evicting the least recently used past cache_size)."""
