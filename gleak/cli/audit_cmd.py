@@ -43,6 +43,7 @@ from gleak.errors import GleakError, Origin, did_you_mean
 if TYPE_CHECKING:
     from gleak.report.model import Budget, ExecutorName, FailOn, Report, SweepReport
     from gleak.runs.audit import AuditConfig
+    from gleak.runs.audit.setup import HashCache
 
 FORMATS = ("table", "json", "html", "sarif", "md", "junit")
 
@@ -331,7 +332,7 @@ def _attack_options(items: list[str], origin: Origin) -> dict[str, dict[str, str
 
 
 def check_sweep_model(where: Path, sweep: SweepReport, models: list[Path], config: Any,
-                      hashes: Any = None) -> SweepReport:
+                      hashes: HashCache | None = None) -> SweepReport:
     """The sweep, checked against the audited models: one made for another model (its recorded weights hash is
     none of theirs) is refused unless --allow-model-mismatch, which the sweep's notices then record; one that
     records no hash is shown with a notice that says so (never as checked)."""
@@ -385,7 +386,8 @@ def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tupl
 
 
 def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, output: Path | None, jobs: int,
-         show: bool, executor: ExecutorName = "local", address: str | None = None, hashes: Any = None) -> Report:
+         show: bool, executor: ExecutorName = "local", address: str | None = None,
+         hashes: HashCache | None = None) -> Report:
     """run_audit under a Rich progress bar on a terminal, or one plain line per capture (CI logs)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -45,13 +45,6 @@ class Cumulative:
     reason: str | None = None
 
 
-def _opacus() -> None:
-    try:
-        import opacus  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - opacus is a dependency
-        raise GleakError("privacy accounting needs Opacus (pip install opacus)") from exc
-
-
 @lru_cache(maxsize=1024)  # distinct (z, q, steps) of a run: few; bounded all the same
 def _round_rdp(noise_multiplier: float, sample_rate: float, steps: int) -> tuple[float, ...]:
     from opacus.accountants import RDPAccountant
@@ -91,7 +84,6 @@ def cumulative_epsilon(spends: Sequence[RoundSpend], delta: float, accountant: s
         raise GleakError(f"δ must be in (0, 1) to account privacy, got {delta:g}")
     if accountant not in ("rdp", "prv"):
         raise GleakError(f"unknown accountant {accountant!r} (rdp or prv)")
-    _opacus()
     out: list[Cumulative] = []
     total: list[float] | None = None
     history: list[tuple[float, float, int]] = []

@@ -188,13 +188,20 @@ def client_statement(privacy: RunPrivacy, client: ClientPrivacy) -> str:
 
 def epsilon_by_round(privacy: RunPrivacy, rounds: Sequence[int]) -> list[float | None]:
     """For each round, the largest cumulative ε over the clients as it stood after that round (a client that did
-    not train in a round keeps its ε); None where no client's ε is known yet."""
-    out: list[float | None] = []
-    for r in rounds:
-        best: float | None = None
-        for client in privacy.clients:
-            known = [e for e in client.rounds if e.round is not None and e.round <= r]
-            if known and known[-1].epsilon is not None:
-                best = max(best or 0.0, known[-1].epsilon)
-        out.append(best)
-    return out
+    not train in a round keeps its ε); None where no client's ε is known yet. One pass over each client's entries
+    (they are in round order), so a long run's plots stay linear in its rounds."""
+    latest: list[float | None] = [None] * len(privacy.clients)
+    seen = [0] * len(privacy.clients)
+    best_at: dict[int, float | None] = {}
+    for r in sorted(set(rounds)):
+        for i, client in enumerate(privacy.clients):
+            entries = client.rounds
+            while seen[i] < len(entries):
+                at = entries[seen[i]].round
+                if at is None or at > r:
+                    break
+                latest[i] = entries[seen[i]].epsilon
+                seen[i] += 1
+        known = [e for e in latest if e is not None]
+        best_at[r] = max(known) if known else None
+    return [best_at[r] for r in rounds]
