@@ -88,7 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     command = "python bench/defenses_accuracy.py" + ("" if len(sys.argv) == 1 else " " + " ".join(sys.argv[1:]))
-    request = SweepRequest(model=ModelSpec(MODEL), data=DATA, defenses=DEFENSES, aux=AUX, trials=args.trials,
+    request = SweepRequest(model=ModelSpec(path=MODEL), data=DATA, defenses=DEFENSES, aux=AUX, trials=args.trials,
                            confidence=8, jobs=1, utility="accuracy")
     started = time.time()
     report = run_sweep(request, lambda done, total, what: progress(f"[{done}/{total}] {what}"))

@@ -208,7 +208,7 @@ def suites(trials: int, which: str, only: str | None = None, simulations: int = 
     if which in ("all", "losses"):
         from gleak.losses import LossSpec
 
-        losses = [("cross-entropy", LossSpec()), ("focal γ=2", LossSpec("focal", focal_gamma=2.0)),
+        losses = [("cross-entropy", LossSpec()), ("focal γ=2", LossSpec(name="focal", focal_gamma=2.0)),
                   ("τ=0.8", LossSpec(temperature=0.8)), ("τ=1.2", LossSpec(temperature=1.2)),
                   ("ε=0.1", LossSpec(label_smoothing=0.1)), ("ε=0.25", LossSpec(label_smoothing=0.25))]
         out["losses (B = 32, one step)"] = [

@@ -32,6 +32,7 @@ from gleak.io import (
     tensors_sha256,
 )
 from gleak.losses import LossSpec, client_loss
+from gleak.model_check import ModelCheck as ModelCheck  # re-exported: check_model_hash returns it
 from gleak.models.lastlayer import guess_last_layer
 from gleak.reproducible import created_at
 
@@ -379,18 +380,6 @@ def validate_against_model(capture: Capture, model: nn.Module) -> None:
         raise GleakError("capture does not match the model: " + problems)
 
 
-@dataclass(frozen=True)
-class ModelCheck:
-    """Whether the model given is the one the capture was made with (``gleak.model.sha256``)."""
-
-    status: str  # match | not_recorded | mismatch_allowed
-    recorded: str | None
-    actual: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "recorded_sha256": self.recorded, "model_sha256": self.actual}
-
-
 def check_model_hash(capture: Capture, weights_sha256: str, allow_mismatch: bool = False) -> ModelCheck:
     """Compare the capture's ``gleak.model.sha256`` with the model's tensors hash; a mismatch is refused.
 
@@ -399,14 +388,14 @@ def check_model_hash(capture: Capture, weights_sha256: str, allow_mismatch: bool
     record the override."""
     recorded = capture.get("gleak.model.sha256")
     if recorded is None:
-        return ModelCheck("not_recorded", None, weights_sha256)
+        return ModelCheck(status="not_recorded", recorded_sha256=None, model_sha256=weights_sha256)
     if recorded == weights_sha256:
-        return ModelCheck("match", recorded, weights_sha256)
+        return ModelCheck(status="match", recorded_sha256=recorded, model_sha256=weights_sha256)
     if not allow_mismatch:
         raise GleakError(f"the model's weights (sha256 {weights_sha256[:12]}…) are not the ones the capture was made "
                          f"with (gleak.model.sha256 {recorded[:12]}…); pass the global model of that round, or "
                          "--allow-model-mismatch to attack anyway (reports record it)")
-    return ModelCheck("mismatch_allowed", recorded, weights_sha256)
+    return ModelCheck(status="mismatch_allowed", recorded_sha256=recorded, model_sha256=weights_sha256)
 
 
 # ---------------------------------------------------------------------------------------------- writing

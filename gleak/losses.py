@@ -25,7 +25,7 @@ from gleak.errors import GleakError
 LOSSES = ("cross_entropy", "focal", "bce")
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class LossSpec:
     name: str = "cross_entropy"
     reduction: str = "mean"

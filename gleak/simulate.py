@@ -36,7 +36,7 @@ DIRICHLET_CLIENTS = 10
 MAX_HELD_VALUES = 1 << 28  # input values (float32: 1 GiB) a simulation keeps for its m·B examples
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ClientConfig:
     """What the client does. ``scheme='fedsgd'`` shares one gradient; the others share θ_local − θ_global."""
 

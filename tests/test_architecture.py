@@ -26,12 +26,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gleak.__main__", "gleak.cli"),  # the command line
     ("gleak.integrations",),  # Flower / NVFlare hooks: record captures, and run audits on the server
     ("gleak.runs",),  # one run of a command: inputs -> attacks -> scores -> report
-    ("gleak.attacks", "gleak.report", "gleak.config"),  # config builds the report's Thresholds
+    ("gleak.attacks", "gleak.report"),
     ("gleak.generator", "gleak.simulate", "gleak.defenses"),  # the simulated client applies the defenses
-    ("gleak.capture", "gleak.metrics"),  # capture reads the last layer (models) and records the loss (losses)
+    # capture reads the last layer (models) and records the loss (losses); model_check: the model-hash check it makes
+    # and the reports record (no torch, so that gleak.report.model imports without it)
+    ("gleak.capture", "gleak.model_check", "gleak.metrics"),
     ("gleak.models", "gleak.data", "gleak.losses"),
-    ("gleak.io", "gleak.errors", "gleak.registry", "gleak.reproducible", "gleak"),  # foundations: files, errors,
-    # typed plug-in options, time stamps
+    ("gleak.io", "gleak.errors", "gleak.registry", "gleak.reproducible", "gleak.settings", "gleak"),  # foundations:
+    # files, errors, typed plug-in options, time stamps, the settings (each declared once) and their config files
 )
 # Modules kept outside the layers for a deprecation period (their imports are not checked against the layers; cycles
 # through them are). None today: gleak.audit, the re-export of gleak.runs.audit, is gone (CHANGELOG, issue 36).
@@ -302,3 +304,14 @@ def test_checker_reports_cycles_and_upward_imports(tmp_path: Path) -> None:
     assert upward_imports(graph, layers, "pkg", legacy=("pkg.sub", "pkg.a")) == []
     assert layer_of("pkg.nothing", layers, "pkg") is None and layer_of("pkg", layers, "pkg") == 2
     assert find_cycles({"x": {"y": 1}, "y": {}}) == []
+
+
+def test_the_docs_draw_the_same_layers() -> None:
+    """docs/architecture.md's diagram lists the same packages, in the same layers, top to bottom, as LAYERS."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    diagram = text.split("## Layers", 1)[1].split("```", 2)[1]
+    drawn = [tuple(sorted(n.strip() for n in line.split("(")[0].replace("└─", "").split("·") if n.strip()))
+             for line in diagram.strip().splitlines()]
+    layers = [tuple(sorted({n.removeprefix("gleak.") for n in layer if n not in ("gleak", "gleak.__main__")}))
+              for layer in LAYERS]
+    assert drawn == layers, (drawn, layers)

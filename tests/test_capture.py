@@ -224,9 +224,9 @@ def test_losses_match_pytorch_definitions() -> None:
                           F.cross_entropy(z / 2, y, reduction="sum"))
     p = F.softmax(z, 1).gather(1, y[:, None]).squeeze(1)
     focal = (-(0.25 * (1 - p) ** 2 * p.log())).mean()
-    assert torch.allclose(client_loss(z, y, LossSpec("focal", focal_gamma=2, focal_alpha=0.25)), focal)
+    assert torch.allclose(client_loss(z, y, LossSpec(name="focal", focal_gamma=2, focal_alpha=0.25)), focal)
     bce = F.binary_cross_entropy_with_logits(z, F.one_hot(y, 5).float(), reduction="sum") / 6
-    assert torch.allclose(client_loss(z, y, LossSpec("bce")), bce)
+    assert torch.allclose(client_loss(z, y, LossSpec(name="bce")), bce)
 
 
 def test_metadata_json_is_compact() -> None:

@@ -21,9 +21,10 @@ from gleak.cli.common import (
     TruthOpt,
     check_output_folder,
 )
-from gleak.config import THRESHOLD_BOUNDS, find_config, load_config, parse_thresholds
 from gleak.errors import TRUTH_CONTRADICTION, GleakError, did_you_mean
 from gleak.report.formats.text import fmt_number
+from gleak.settings import AuditSettings, find_config, load_config, parse_thresholds
+from gleak.settings.values import THRESHOLD_BOUNDS
 
 WIDE = {"COLUMNS": "200", "TERMINAL_WIDTH": "200"}
 
@@ -74,10 +75,10 @@ def test_truth_and_no_truth_together_are_refused_by_the_library_too() -> None:
     from gleak.runs.inputs import InputSpec, open_inputs
 
     with pytest.raises(GleakError, match="--truth and --no-truth contradict each other; give one"):
-        open_inputs(InputSpec(Path("missing.safetensors"), truth=Path("t.safetensors"), no_truth=True))
-    spec = InputSpec(Path("c.safetensors"), truth=Path("t"))
+        open_inputs(InputSpec(capture=Path("missing.safetensors"), truth=Path("t.safetensors"), no_truth=True))
+    spec = InputSpec(capture=Path("c.safetensors"), truth=Path("t"))
     assert spec.truth_file() == Path("t")
-    assert InputSpec(Path("c.safetensors"), no_truth=True).truth_file() is None
+    assert InputSpec(capture=Path("c.safetensors"), no_truth=True).truth_file() is None
     code, out, _ = invoke(tiny, "run", "--truth", "t")
     assert code == 0 and json.loads(out)["truth"] == "t"
 
@@ -195,11 +196,13 @@ def test_arch_and_arch_kwargs_can_be_set_in_the_audit_table(tmp_path: Path, monk
     (tmp_path / "pyproject.toml").write_text(
         f'[tool.gleak.audit]\narch = "mynet:make"\narch-kwargs = {value}\nmodel = "models/global.safetensors"\n')
     loaded = find_config()
-    assert loaded.audit_value("arch") == "mynet:make"
-    assert json.loads(loaded.audit_value("arch-kwargs")) == {"hidden": 48, "act": "relu"}
-    assert json.loads(loaded.audit_value("arch_kwargs")) == {"hidden": 48, "act": "relu"}
-    assert loaded.audit_value("model") == ["models/global.safetensors"]  # one path is a list of one
-    assert loaded.where("arch").endswith("[tool.gleak.audit]")
+    assert loaded.value("arch") == "mynet:make"
+    assert json.loads(loaded.value("arch_kwargs")) == {"hidden": 48, "act": "relu"}
+    # one path is a list of one, relative to the file
+    assert loaded.value("model") == [tmp_path / "pyproject.toml" / ".." / "models/global.safetensors"] or \
+        [p.resolve() for p in loaded.value("model")] == [(tmp_path / "models/global.safetensors").resolve()]
+    found = loaded.lookup("arch", AuditSettings.model_fields["arch"].metadata[-1])
+    assert found is not None and str(found[1]) == "config pyproject.toml [tool.gleak.audit]"
 
 
 # ---------------------------------------------------------------------------------------- thresholds

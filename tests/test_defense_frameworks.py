@@ -260,9 +260,8 @@ def _nvflare_federation(folder: Path, privacy: Any) -> list[tuple[Capture, Captu
     from nvflare.apis.fl_context import FLContextManager
     from nvflare.app_common.app_constant import AppConstants
 
-    from gleak.integrations.nvflare import GleakCaptureFilter, forget_globals
+    from gleak.integrations.nvflare import GleakCaptureFilter
 
-    forget_globals()
     common = {"arch": ARCH, "arch_kwargs": KWARGS, "learning_rate": LR, "batch_size": BATCH}
     data_filter = GleakCaptureFilter(str(folder / "clean"), **common)
     data_filter.set_prop(FilterContextKey.CHAIN_TYPE, FilterChainType.TASK_DATA_CHAIN)
@@ -430,7 +429,7 @@ def test_nvflare_filter_records_its_privacy_filters_and_warns_when_it_runs_befor
     from nvflare.app_common.filters import PercentilePrivacy, SVTPrivacy
 
     from gleak.errors import GleakError
-    from gleak.integrations.nvflare import GleakCaptureFilter, defense_record, forget_globals
+    from gleak.integrations.nvflare import GleakCaptureFilter, defense_record
 
     assert defense_record(PercentilePrivacy(95, 0.02)) == {"name": "nvflare.PercentilePrivacy", "percentile": 95,
                                                             "gamma": 0.02}
@@ -438,7 +437,6 @@ def test_nvflare_filter_records_its_privacy_filters_and_warns_when_it_runs_befor
     for bad in (object(), {"name": "x", "gleak_equivalent": ["no-such-defense"]}):
         with pytest.raises(GleakError):
             GleakCaptureFilter(str(tmp_path), defense=[bad])
-    forget_globals()
     svt = SVTPrivacy()
     early = GleakCaptureFilter(str(tmp_path), defense=[svt])  # wrongly placed: before SVTPrivacy
     early.set_prop(FilterContextKey.CHAIN_TYPE, FilterChainType.TASK_RESULT_CHAIN)

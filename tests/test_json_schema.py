@@ -68,3 +68,18 @@ def test_each_report_matches_only_its_own_model(gleak) -> None:
     del data["last_layer"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, schema)
+
+
+def test_one_model_check_type_and_the_report_models_import_without_torch() -> None:
+    """The model-hash check has one type: what gleak.capture.check_model_hash returns is what the reports record
+    (gleak.model_check, re-exported by both); and gleak.report.model stays importable without torch."""
+    import subprocess
+    import sys
+
+    from gleak import capture, model_check
+    from gleak.report import model
+
+    assert capture.ModelCheck is model.ModelCheck is model_check.ModelCheck
+    probe = "import sys, gleak.report.model; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False", r.stderr

@@ -78,9 +78,11 @@ def test_round_counts_too_large_and_too_small() -> None:
 def test_logit_grads_match_autograd_of_each_loss() -> None:
     torch.manual_seed(0)
     z, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 5, (6,))
-    for spec in (LossSpec(), LossSpec("focal", temperature=0.8), LossSpec("bce"), LossSpec(label_smoothing=0.2)):
+    for spec in (LossSpec(), LossSpec(name="focal", temperature=0.8), LossSpec(name="bce"),
+                 LossSpec(label_smoothing=0.2)):
         zz = z.clone().requires_grad_(True)
-        client_loss(zz, y, LossSpec(spec.name, "sum", spec.temperature, spec.label_smoothing)).backward()
+        client_loss(zz, y, LossSpec(name=spec.name, reduction="sum", temperature=spec.temperature,
+                                    label_smoothing=spec.label_smoothing)).backward()
         assert torch.allclose(logit_grads(z, y, spec), zz.grad)
 
 
@@ -271,8 +273,8 @@ def test_cli_attacks_lists_registry(gleak) -> None:
 # ------------------------------------------------------------------------------------------ issue 4: posterior, RLU
 
 
-@pytest.mark.parametrize("loss", [LossSpec(), LossSpec("focal", focal_gamma=2.0), LossSpec(temperature=0.8),
-                                  LossSpec(label_smoothing=0.25), LossSpec("bce")])
+@pytest.mark.parametrize("loss", [LossSpec(), LossSpec(name="focal", focal_gamma=2.0), LossSpec(temperature=0.8),
+                                  LossSpec(label_smoothing=0.25), LossSpec(name="bce")])
 def test_posterior_recovers_batches_under_each_loss(mnist, aux, loss) -> None:
     for seed, activation in ((0, "sigmoid"), (1, "tanh")):
         model = loaded(activation, seed=seed)

@@ -89,7 +89,7 @@ def test_labels_cli_option_max_memory(tmp_path: Path, gleak) -> None:
     assert r.exit_code == 2 and "--max-memory" in r.stderr
 
 
-@pytest.mark.parametrize("loss", [LossSpec(), LossSpec(label_smoothing=0.2, temperature=2.0), LossSpec("bce")])
+@pytest.mark.parametrize("loss", [LossSpec(), LossSpec(label_smoothing=0.2, temperature=2.0), LossSpec(name="bce")])
 def test_affine_logit_gradients_match_the_loss(loss: LossSpec) -> None:
     z = torch.randn(7, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     affine = affine_logit_grads(z, loss)
@@ -100,7 +100,7 @@ def test_affine_logit_gradients_match_the_loss(loss: LossSpec) -> None:
         expected = a.clone()
         expected[:, label] -= c
         assert torch.allclose(logit_grads(z, y, loss), expected, atol=1e-12)
-    assert affine_logit_grads(z, LossSpec("focal")) is None  # not affine in the label: the exact path
+    assert affine_logit_grads(z, LossSpec(name="focal")) is None  # not affine in the label: the exact path
 
 
 def test_llg_star_closed_form_equals_the_label_by_label_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,9 +138,9 @@ def test_a_large_head_through_the_labels_run(tmp_path: Path) -> None:
     save_model(model.module, tmp_path / "m.safetensors", ARCH, {"num_classes": 2000, "hidden": 64})
     save_capture(cap, tmp_path / "c.safetensors")
     save_dataset(aux, tmp_path / "aux.safetensors")
-    spec = InputSpec(tmp_path / "c.safetensors", ModelSpec(tmp_path / "m.safetensors", ARCH),
-                     tmp_path / "aux.safetensors")
-    report = run_labels(LabelsRequest(spec, attacks=["ilrg", "rlu", "llg-plus"]))
+    spec = InputSpec(capture=tmp_path / "c.safetensors", model=ModelSpec(path=tmp_path / "m.safetensors", arch=ARCH),
+                     aux=tmp_path / "aux.safetensors")
+    report = run_labels(LabelsRequest(inputs=spec, attacks=["ilrg", "rlu", "llg-plus"]))
     truth = counts_of(y, 2000)
     for r in report.results:
         assert r.status == "ok" and r.counts == truth, (r.attack, r.reason)

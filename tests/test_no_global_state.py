@@ -42,10 +42,34 @@ def test_constructing_an_audit_config_probes_nothing(monkeypatch: pytest.MonkeyP
     def probe() -> int:
         raise AssertionError("probed")
 
-    monkeypatch.setattr(setup, "default_max_memory", probe)
+    from gleak.runs import inputs
+
+    monkeypatch.setattr(inputs, "available_memory", probe)
     config = setup.AuditConfig()  # max_memory None: "the default", resolved where the audit starts
-    assert config.max_memory is None
-    monkeypatch.setattr(setup, "default_max_memory", lambda: 1234)
-    assert config.resolved().max_memory == 1234 and config.max_memory is None
-    given = setup.AuditConfig(max_memory=99)
-    assert given.resolved() is given
+    assert config.max_memory is None and config.memory_limit is None
+    given = setup.AuditConfig(max_memory=99)  # GB, as --max-memory takes it: no probe either
+    assert given.resolved().memory_limit == 99_000_000_000
+    monkeypatch.setattr(inputs, "available_memory", lambda: 2468)
+    assert config.resolved().memory_limit == 1234 and config.memory_limit is None
+    resolved = config.resolved()
+    assert resolved.resolved() is resolved
+
+
+FORBIDDEN_GLOBALS = frozenset({"_GLOBALS", "_GLOBALS_LOCK", "_CACHE", "_HASHES"})
+
+
+def test_no_module_defines_the_old_global_stores() -> None:
+    """The module-level stores issue 36 removed stay gone in every module (read with ast: the optional frameworks'
+    modules, gleak.integrations.nvflare among them, are checked without importing them). NVFlare's two filters
+    share the global model through the task's FLContext instead (gleak.integrations.nvflare's docs)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "gleak"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+            found += [f"{path.relative_to(root.parent)}:{node.lineno} {t.id}" for t in targets
+                      if isinstance(t, ast.Name) and t.id in FORBIDDEN_GLOBALS]
+    assert not found, found

@@ -118,7 +118,7 @@ def test_schemes_and_optimizers_differ_and_record_metadata(lenet, mnist) -> None
 
 
 def test_focal_temperature_and_sum_reduction_recorded(lenet, mnist) -> None:
-    loss = LossSpec("focal", reduction="sum", temperature=0.8, focal_gamma=2.0, focal_alpha=0.5)
+    loss = LossSpec(name="focal", reduction="sum", temperature=0.8, focal_gamma=2.0, focal_alpha=0.5)
     cap, _ = simulate_client(lenet, mnist, ClientConfig(batch_size=4, loss=loss, seed=1))
     assert cap.get("gleak.loss") == "focal" and cap.get("gleak.focal.gamma") == 2.0
     assert cap.get("gleak.temperature") == 0.8 and cap.get("gleak.loss.reduction") == "sum"

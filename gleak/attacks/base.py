@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gleak.generator.file import GeneratorFile
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class RunInputs:
     """What the caller hands one run of an attack, beside the :class:`~gleak.attacks.context.Context`: never
     options (those are typed and set by :meth:`Attack.configure`), and unused by attacks that do not need them.

@@ -29,7 +29,7 @@ DUMMY_CHUNK_BYTES = 128 * 2**20  # dummy images drawn and run at once (LLG*)
 INPUT_CHUNK_BYTES = 128 * 2**20  # inputs fetched and run at once (auxiliary data, any forward)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Context:
     capture: Capture
     layer: LastLayer

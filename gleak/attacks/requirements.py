@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Requirements:
     """What an attack needs. Hard needs make it not applicable (with a reason); soft ones only warn."""
 

@@ -3,123 +3,44 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from gleak.cli.common import (
-    AllowMismatchOpt,
-    ArchKwargsOpt,
-    ArchOpt,
-    AttackOptionsOpt,
-    DeviceOpt,
     ForceOpt,
-    JobsOpt,
-    LpipsNetwork,
-    LpipsOpt,
-    MaxMemoryOpt,
     QuietOpt,
-    SeedOpt,
-    TrustPickleOpt,
     VerboseOpt,
     apply_threads,
     check_output_folder,
     console,
     err_console,
-    gigabytes,
     handle_errors,
-    number,
-    parameter_envvar,
-    parameter_source,
-    parse_jobs,
     print_json,
     requested_threads,
 )
-from gleak.errors import GleakError, Origin, did_you_mean
+from gleak.cli.settings_options import with_settings
+from gleak.errors import GleakError, Origin
+from gleak.settings import AuditSettings, Given, LoadedConfig, Resolved
 
 if TYPE_CHECKING:
-    from gleak.report.model import Budget, ExecutorName, FailOn, Report, SweepReport
+    from gleak.report.model import Report, SweepReport
     from gleak.runs.audit import AuditConfig
     from gleak.runs.audit.setup import HashCache
 
-FORMATS = ("table", "json", "html", "sarif", "md", "junit")
-
-
-def parse_formats(text: str, origin: Origin | None = None) -> list[str]:
-    """``table,json`` -> ["table", "json"]; unknown names are a usage error naming where the value came from
-    (``origin``: --format unless told, e.g. GLEAK_FORMAT or the config file's key)."""
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in FORMATS]
-    if bad or not names:
-        hint = did_you_mean(bad[0], FORMATS) if len(bad) == 1 else ""
-        raise GleakError((origin or Origin("--format")).bad(
-            text, f"must be a comma-separated list of {', '.join(FORMATS)}", hint))
-    return list(dict.fromkeys(names))
-
 
 @handle_errors
+@with_settings(AuditSettings, first=("ctx", "paths"))
 def audit(
     ctx: typer.Context,
     paths: Annotated[list[Path] | None, typer.Argument(help="Capture files, or folders searched for captures.",
                                                        metavar="CAPTURE_OR_DIR...", show_default=False)] = None,
-    model: Annotated[list[Path] | None, typer.Option("--model", "-M", help="Global model file or a folder of "
-                                                     "them (repeatable); each capture uses the model whose sha256 "
-                                                     "it records (required, here or in the config).")] = None,
-    aux: Annotated[list[Path] | None, typer.Option("--aux", help="Auxiliary data (repeatable); each capture "
-                                                   "uses the first whose input shape and classes fit.")] = None,
-    budget: Annotated[str, typer.Option(envvar="GLEAK_BUDGET", help="quick (label attacks and analytic "
-                                        "reconstruction), standard (plus a bounded gradient-matching run) or "
-                                        "full (the reconstruct defaults).")] = "quick",
-    fail_on: Annotated[str, typer.Option("--fail-on", envvar="GLEAK_FAIL_ON", help="Exit 1 when a finding is "
-                                         "at or above this severity: info, low, medium, high, critical, or "
-                                         "none (never).")] = "high",
-    fail_rounds: Annotated[str, typer.Option("--fail-rounds", envvar="GLEAK_FAIL_ROUNDS", help="Which rounds of a "
-                                             "run (gleak.fl.round) the gate looks at: any, last:K (the K latest; "
-                                             "captures without a round always count) or all (a finding in every "
-                                             "round).")] = "any",
-    format: Annotated[str, typer.Option("--format", "-f", envvar="GLEAK_FORMAT", help="Comma-separated: table "
-                                        "(console), json, html, sarif, md, junit (files in -o DIR; json "
-                                        "without -o goes to stdout).")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Folder for report.json, report.html, "
                                                 "report.sarif, report.md, junit.xml and image grids.")] = None,
-    option: AttackOptionsOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    threshold: Annotated[list[str] | None, typer.Option("--threshold", help="Override a severity threshold, "
-                                                        "NAME=VALUE (repeatable; names and defaults in "
-                                                        "docs/audit.md).")] = None,
-    lpips: LpipsOpt = LpipsNetwork.alex,
-    confidence: Annotated[int, typer.Option("--confidence", callback=number(0, 1000), help="Captures without "
-                                            "ground truth: calibrate the label attacks on this many batches "
-                                            "simulated from --aux like the capture's (GLEAK-LABELS-EXPECTED; 0: "
-                                            "off).")] = 24,
-    model_cache: Annotated[int, typer.Option("--model-cache", callback=number(1, 1000), help="Models kept loaded "
-                                             "at once; the others are loaded when a capture needs them (memory "
-                                             "stays flat over many rounds).")] = 4,
-    lineup: Annotated[int, typer.Option("--lineup", callback=number(1, 99), help="Distractors beside each true "
-                                        "image in the identification lineup of GLEAK-IMAGES (chance 1 / "
-                                        "(K + 1)).")] = 9,
-    max_epsilon: Annotated[float | None, typer.Option(
-        "--max-epsilon", envvar="GLEAK_MAX_EPSILON", metavar="EPSILON", callback=number(0, low_open=True),
-        help="Privacy budget: a finding (GLEAK-DP-BUDGET, high) for every client whose ε, composed over the rounds "
-        "of the run from what its captures record (DP-SGD or Flower's LocalDpMod), exceeds it.")] = None,
-    jobs: JobsOpt = "auto",
-    executor: Annotated[str, typer.Option("--executor", envvar="GLEAK_EXECUTOR", help="local (this machine's "
-                                          "processes) or ray (a Ray cluster; the ray extra: pip install -e "
-                                          "'.[ray]' from a clone; --jobs then counts Ray workers, auto or 1: one "
-                                          "per cluster CPU).")] = "local",
-    address: Annotated[str | None, typer.Option("--address", envvar="GLEAK_RAY_ADDRESS", help="Ray cluster "
-                                                "address (--executor ray; default: RAY_ADDRESS, else a local "
-                                                "Ray instance for this run).")] = None,
-    arch: ArchOpt = None,
-    arch_kwargs: ArchKwargsOpt = None,
-    trust_pickle: TrustPickleOpt = False,
-    allow_model_mismatch: AllowMismatchOpt = False,
-    device: DeviceOpt = "auto",
-    seed: SeedOpt = 0,
-    force: ForceOpt = False,
     config_file: Annotated[Path | None, typer.Option("--config", help="Config file (default: gleak.toml, else "
                                                      "[tool.gleak] in pyproject.toml, in the working "
                                                      "directory).")] = None,
@@ -128,35 +49,28 @@ def audit(
     sweep: Annotated[Path | None, typer.Option("--sweep", help="A gleak sweep's folder (or its sweep.json): its "
                                                "plots and tables go into report.html (needs html in "
                                                "--format).")] = None,
+    force: ForceOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
+    *,
+    given: dict[str, Given],
 ) -> None:
     """Audit captures for leakage: findings with severities, reports for people, CI and code scanning."""
-    from gleak.config import find_config
+    from gleak.runs.audit import AuditConfig
+    from gleak.runs.audit.setup import HashCache
+    from gleak.settings import find_config, resolve
 
     loaded = find_config(config_file)
-    given = {"budget": budget, "fail_on": fail_on, "fail_rounds": fail_rounds,
-             "format": format, "lpips": str(lpips), "jobs": jobs, "seed": seed,
-             "device": device, "model": model, "aux": aux, "arch": arch, "arch_kwargs": arch_kwargs,
-             "threshold": threshold, "option": option, "executor": executor, "address": address,
-             "max_epsilon": max_epsilon}
-    effective, sources = merge_config(ctx, given, loaded)
-    origins = {key: origin_of(ctx, key, sources[key], loaded) for key in OPTION_KEYS}
+    resolved = resolve(AuditSettings, given, loaded)  # flags > GLEAK_* > the file > defaults, each value checked
     if show_config:
-        _show_config(effective, sources, origins)
+        _show_config(resolved)
         return
-    checked = check_settings(effective, sources, origins, paths, output, force, sweep, loaded)
-    config = _audit_config(effective, checked, paths or [], allow_model_mismatch=allow_model_mismatch,
-                           confidence=confidence, max_memory=max_memory, lineup=lineup, model_cache=model_cache,
-                           trust_pickle=trust_pickle)
-    from gleak.runs.audit.setup import HashCache
-
+    checked = check_settings(resolved, paths, output, force, sweep, loaded)
+    config = AuditConfig(**dict(resolved.settings), command=_command(paths))
     hashes, sweep_report = HashCache(), checked.sweep  # each model file hashed once, for the sweep's check too
     if sweep is not None and sweep_report is not None:
-        sweep_report = check_sweep_model(sweep, sweep_report, checked.model, config, hashes)
-    report = _run(list(paths or []), checked.model, checked.aux, config, output, checked.workers,
-                  show=not quiet and "table" in checked.formats, executor=checked.executor, address=checked.address,
-                  hashes=hashes)
+        sweep_report = check_sweep_model(sweep, sweep_report, list(config.model), config, hashes)
+    report = _run(list(paths or []), config, output, show=not quiet and "table" in checked.formats, hashes=hashes)
     if output is not None:
         from gleak.report.outputs import write_outputs
 
@@ -168,58 +82,48 @@ def audit(
         raise typer.Exit(1)
 
 
+def _command(paths: list[Path] | None) -> list[str]:
+    """The command line the report records."""
+    if sys.argv and "gleak" in sys.argv[0]:
+        return ["gleak", *sys.argv[1:]]
+    return ["gleak", "audit", *[str(p) for p in paths or []]]
+
+
 @dataclass(frozen=True)
 class CheckedSettings:
-    """The audit's settings once every one is checked: what the run and the rendering take."""
+    """What the rendering takes once every setting is checked: the formats, those written as files, the sweep."""
 
-    formats: list[str]  # every --format name, table included
+    formats: tuple[str, ...]  # every --format name, table included
     files: list[str]  # the formats written as files (or json to stdout without -o)
-    budget: Budget
-    fail_on: FailOn
-    fail_rounds: str
-    executor: ExecutorName
-    workers: int
-    address: str | None
-    options: dict[str, dict[str, str]]
-    model: list[Path]
-    aux: list[Path]
     sweep: SweepReport | None
 
 
-def check_settings(effective: dict[str, Any], sources: dict[str, str], origins: dict[str, Origin],
-                   paths: list[Path] | None, output: Path | None, force: bool, sweep: Path | None,
-                   loaded: Any) -> CheckedSettings:
-    """Every setting checked before any work, each error naming where its value came from (flag, variable,
-    file); the output folder and the sweep (an untrusted file) too."""
-    from gleak.errors import choose
+def check_settings(resolved: Resolved[AuditSettings], paths: list[Path] | None, output: Path | None, force: bool,
+                   sweep: Path | None, loaded: LoadedConfig) -> CheckedSettings:
+    """What the settings' own types cannot check, before any work, each error naming where its value came from
+    (flag, variable, file): the Ray address without Ray, every attack option, the inputs, the output folder and the
+    sweep (an untrusted file)."""
     from gleak.report.formats import get_format
-    from gleak.runs.audit.setup import BUDGETS, EXECUTORS, FAIL_ON, parse_fail_rounds
 
-    formats = parse_formats(effective["format"], origins["format"])
-    budget = choose(effective["budget"], BUDGETS, origins["budget"])
-    gate = choose(effective["fail_on"], FAIL_ON, origins["fail_on"])
-    fail_rounds = parse_fail_rounds(effective["fail_rounds"], origins["fail_rounds"])
-    runner = choose(effective["executor"], EXECUTORS, origins["executor"])
-    workers = parse_jobs(effective["jobs"], origins["jobs"])
-    executor, address = effective["executor"], effective["address"]
-    if address is not None and executor != "ray":
-        raise GleakError(f"{origins['address'].subject(address)} is a Ray cluster's address: use it with --executor "
-                         f"ray (the executor is {executor!r}, from "
-                         f"{'the default' if sources['executor'] == 'default' else sources['executor']})")
-    assignments = _attack_options(effective["option"] or [], origins["option"])
+    settings, sources = resolved.settings, resolved.sources
+    if settings.address is not None and settings.executor != "ray":
+        executor = sources["executor"]
+        raise GleakError(f"{sources['address'].origin().subject(settings.address)} is a Ray cluster's address: use "
+                         f"it with --executor ray (the executor is {settings.executor!r}, from "
+                         f"{'the default' if executor.kind == 'default' else executor})")
+    _check_attack_options(settings.options, sources["options"].origin())
     if not paths:
         raise GleakError("give at least one capture or folder of captures (CAPTURE_OR_DIR...)")
-    if not effective["model"]:
+    if not settings.model:
         raise GleakError("audit needs the global model: --model FILE_OR_DIR (or model = [...] in the config)")
-    if loaded.settings.threads is not None and requested_threads() is None:
-        apply_threads(loaded.settings.threads)
-    files = [f for f in formats if f != "table"]
+    if loaded.value("threads") is not None and requested_threads() is None:
+        apply_threads(loaded.value("threads"))
+    files = [f for f in settings.format if f != "table"]
     if output is None and any(f != "json" for f in files):
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")
     if output is not None:
         check_output_folder(output, force, [get_format(n).FILENAME for n in files or ["json"]], ["run-*.png"])
-    return CheckedSettings(formats, files, budget, gate, fail_rounds, runner, workers, address, assignments,
-                           list(effective["model"]), list(effective["aux"] or []), _load_sweep(sweep, files))
+    return CheckedSettings(settings.format, files, _load_sweep(sweep, files))
 
 
 def _load_sweep(sweep: Path | None, files: list[str]) -> SweepReport | None:
@@ -234,37 +138,17 @@ def _load_sweep(sweep: Path | None, files: list[str]) -> SweepReport | None:
     return load_sweep(sweep)
 
 
-def _audit_config(effective: dict[str, Any], checked: CheckedSettings, paths: list[Path], *,
-                  allow_model_mismatch: bool, confidence: int, max_memory: float | None, lineup: int,
-                  model_cache: int, trust_pickle: bool) -> AuditConfig:
-    """The run's configuration from the checked settings (thresholds parsed here) and the flags the config file
-    does not hold."""
-    from gleak.config import parse_thresholds
-    from gleak.runs.audit import AuditConfig
-
-    return AuditConfig(budget=checked.budget, fail_on=checked.fail_on, fail_rounds=checked.fail_rounds,
-                       thresholds=parse_thresholds(effective["threshold"] or []), options=checked.options,
-                       seed=effective["seed"], device=effective["device"], lpips=effective["lpips"],
-                       allow_model_mismatch=allow_model_mismatch, confidence=confidence,
-                       max_memory=gigabytes(max_memory), lineup=lineup, model_cache=model_cache,
-                       max_epsilon=effective["max_epsilon"], trust_pickle=trust_pickle, arch=effective["arch"],
-                       arch_kwargs=effective["arch_kwargs"],
-                       command=["gleak", *sys.argv[1:]] if sys.argv and "gleak" in sys.argv[0] else
-                       ["gleak", "audit", *[str(p) for p in paths]])
-
-
-def _show_config(effective: dict[str, Any], sources: dict[str, str], origins: dict[str, Origin]) -> None:
+def _show_config(resolved: Resolved[AuditSettings]) -> None:
     """--show-config: the effective settings and where each came from (JSON with --format json)."""
-    if parse_formats(effective["format"], origins["format"]) == ["json"]:
-        print_json({k: {"value": [str(v) for v in effective[k]] if isinstance(effective[k], list)
-                        else effective[k], "from": sources[k]} for k in OPTION_KEYS})
+    if resolved.settings.format == ("json",):
+        print_json(resolved.shown())
     else:
         from gleak.report.formats.console import print_audit_config
 
-        print_audit_config(console, OPTION_KEYS, effective, sources)
+        print_audit_config(console, resolved)
 
 
-def _render(report: Report, formats: list[str], files: list[str], output: Path | None, quiet: bool) -> None:
+def _render(report: Report, formats: Sequence[str], files: list[str], output: Path | None, quiet: bool) -> None:
     """The console's part: json on stdout without -o, the table, or one line for CI logs without it."""
     from gleak.report.formats import get_format
 
@@ -288,47 +172,19 @@ def _render(report: Report, formats: list[str], files: list[str], output: Path |
                           + (f"; reports in {escape(str(output))}" if output is not None else ""), soft_wrap=True)
 
 
-OPTION_KEYS = ("budget", "fail_on", "fail_rounds", "format",
-               "lpips", "jobs", "executor", "address", "seed", "device", "model",
-               "aux", "arch", "arch_kwargs", "threshold", "option", "max_epsilon")
-
-
-def _flag(ctx: typer.Context, key: str) -> str:
-    """The flag of parameter ``key`` as errors name it (``fail_on`` -> ``--fail-on``; ``option`` -> ``-O``)."""
-    if key == "option":
-        return "-O"
-    for param in ctx.command.params:
-        if param.name == key:
-            return max(param.opts, key=len)
-    raise KeyError(key)  # pragma: no cover - every OPTION_KEYS entry is a parameter of audit
-
-
-def origin_of(ctx: typer.Context, key: str, source: str, loaded: Any) -> Origin:
-    """Where setting ``key`` came from (``source``, as :func:`merge_config` names it), for its errors: the flag, the
-    environment variable or the config file's key."""
-    flag = _flag(ctx, key)
-    if source.startswith("environment"):
-        return Origin(flag, env=parameter_envvar(ctx, key))
-    if source.startswith("config ") and loaded.path is not None:
-        return cast(Origin, loaded.origin(key, flag))
-    return Origin(flag)
-
-
-def _attack_options(items: list[str], origin: Origin) -> dict[str, dict[str, str]]:
+def _check_attack_options(assignments: dict[str, dict[str, str]], origin: Origin) -> None:
     """``-O`` assignments (or the config's options table), every attack, key and value checked before any work;
     a bad one from the file names the file, its table and the key."""
-    from gleak.attacks.registry import attack_class, parse_option_assignments, resolve_assignments
+    from gleak.attacks.registry import attack_class, resolve_assignments
     from gleak.registry import resolve_options
 
-    assignments = parse_option_assignments(items)
     if origin.table is None:
         resolve_assignments(assignments)
-        return assignments
+        return
     table = origin.table.removesuffix("]")
     for name, values in assignments.items():
         owner = attack_class(name, where=f"{table}.{origin.key}]: ")
         resolve_options(owner, values, {k: f"{table}.{origin.key}.{name}] key '{k}'" for k in values})
-    return assignments
 
 
 def check_sweep_model(where: Path, sweep: SweepReport, models: list[Path], config: Any,
@@ -356,50 +212,24 @@ def check_sweep_model(where: Path, sweep: SweepReport, models: list[Path], confi
     return sweep.model_copy(update={"notices": [*sweep.notices, notice]})
 
 
-def merge_config(ctx: typer.Context, given: dict[str, Any], loaded: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """Flags > GLEAK_* environment > config file > defaults: the effective values and where each came from."""
-    effective: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key in OPTION_KEYS:
-        source = parameter_source(ctx, key)
-        value = given[key]
-        if source == "COMMANDLINE" and value not in (None, []):
-            effective[key], sources[key] = value, "command line"
-        elif source == "ENVIRONMENT":
-            effective[key], sources[key] = value, f"environment ({parameter_envvar(ctx, key)})"
-        elif (from_file := loaded.audit_value(key)) is not None:
-            if key == "threshold":
-                from_file = [f"{k}={v}" for k, v in from_file.items()]
-            elif key == "option":
-                from_file = [f"{a}.{k}={v}" for a, values in from_file.items() for k, v in values.items()]
-            elif key in ("model", "aux"):
-                from_file = [Path(p) if Path(p).is_absolute() or loaded.path is None else loaded.path.parent / p
-                             for p in from_file]
-            effective[key], sources[key] = from_file, f"config {loaded.where(key)}"
-        else:
-            effective[key], sources[key] = value, "default"
-    if parameter_source(ctx, "threshold") == "COMMANDLINE" and loaded.audit_value("threshold"):
-        merged = {f"{k}": f"{k}={v}" for k, v in loaded.audit_value("threshold").items()}
-        merged.update({item.partition("=")[0].strip(): item for item in given["threshold"] or []})
-        effective["threshold"], sources["threshold"] = list(merged.values()), "config file, then the command line"
-    return effective, sources
-
-
-def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, output: Path | None, jobs: int,
-         show: bool, executor: ExecutorName = "local", address: str | None = None,
+def _run(paths: list[Path], config: AuditConfig, output: Path | None, show: bool,
          hashes: HashCache | None = None) -> Report:
     """run_audit under a Rich progress bar on a terminal, or one plain line per capture (CI logs)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from gleak.runs.audit import run_audit
 
+    def audit_with(progress: Callable[[int, int, Path], None] | None) -> Report:
+        return run_audit(paths, list(config.model), list(config.aux), config, output, progress, config.jobs,
+                         config.executor, config.address, hashes)
+
     if not show:
-        return run_audit(paths, model, aux, config, output, None, jobs, executor, address, hashes)
+        return audit_with(None)
     if not err_console.is_terminal:
         def line(i: int, total: int, path: Path) -> None:
             err_console.print(f"({i + 1}/{total}) {escape(str(path))}", soft_wrap=True, highlight=False)
 
-        return run_audit(paths, model, aux, config, output, line, jobs, executor, address, hashes)
+        return audit_with(line)
     with Progress(TextColumn("[bold]audit"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("", total=None)
@@ -407,6 +237,4 @@ def _run(paths: list[Path], model: list[Path], aux: list[Path], config: Any, out
         def update(i: int, total: int, path: Path) -> None:
             bar.update(task, total=total, completed=i + 1, description=escape(path.name))
 
-        return run_audit(paths, model, aux, config, output, update, jobs, executor, address, hashes)
-
-
+        return audit_with(update)

@@ -1,7 +1,7 @@
 """Shared CLI plumbing: consoles, option types, error handling (exit 2 on bad input), threads, devices.
 
-Nothing here imports torch or pydantic at module level: `gleak --help`, `--version` and usage errors must stay fast,
-so torch is imported inside the functions that need it (`apply_threads`, `resolve_device`, `check_output_folder`).
+Nothing here imports torch at module level: `gleak --help`, `--version` and usage errors must stay fast, so torch
+is imported inside the functions that need it (`apply_threads`, `resolve_device`, `check_output_folder`).
 
 Every option that more than one command takes is declared here once (``ModelOpt``, ``ArchOpt``, ``TruthOpt``,
 ``BatchSizeOpt``, ``LpipsOpt``, …): the commands annotate their parameters with these types, so the flag names,
@@ -17,12 +17,10 @@ import functools
 import importlib
 import json
 import logging
-import math
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
@@ -31,7 +29,25 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
+from gleak.cli.settings_options import number as number
+from gleak.cli.settings_options import option
 from gleak.errors import TRUTH_CONTRADICTION, GleakError, Origin, did_you_mean, shorten
+from gleak.settings.audit import (
+    AllowModelMismatch,
+    Arch,
+    ArchKwargs,
+    AttackOptions,
+    Device,
+    Jobs,
+    Lpips,
+    MaxMemory,
+    Seed,
+    Threads,
+    TrustPickle,
+)
+from gleak.settings.values import MAX_THREADS, LpipsNetwork, Problem, jobs
+
+__all__ = ["LpipsNetwork"]  # re-exported: the commands write their --lpips default with it
 
 
 def _click_class(name: str) -> type[Exception]:
@@ -61,91 +77,30 @@ ModelOpt = Annotated[Path | None, typer.Option("--model", "-M", help=MODEL_HELP)
 # a command that cannot run without the model, yet says so itself (one GleakError line) rather than Click's usage
 NeededModelOpt = Annotated[Path | None, typer.Option("--model", "-M", help="Global model file (required): "
                                                      + MODEL_HELP.removeprefix("Global model: "))]
-ArchOpt = Annotated[str | None, typer.Option(help="Architecture for weight files: zoo name (lenet, idlg-cnn, "
-                                             "fcn4, mlp, resnet-cifar), torchvision:NAME or package.module:factory.")]
-ArchKwargsOpt = Annotated[str | None, typer.Option("--arch-kwargs", help="JSON object of architecture "
-                                                   "arguments, e.g. '{\"activation\": \"sigmoid\"}'.")]
-TrustPickleOpt = Annotated[bool, typer.Option("--trust-pickle", help="Allow loading a whole pickled module. "
-                                              "Pickles run code: only for files you trust.")]
 FcLayerOpt = Annotated[str | None, typer.Option("--fc-layer", help="Name of the last fully-connected layer "
                                                 "(overrides detection).")]
-DeviceOpt = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
-MAX_SEED = 2**63 - 1
+# options that the settings declare (gleak.settings.audit): flag, help, variable and range written once there
+ArchOpt = option(Arch)
+ArchKwargsOpt = option(ArchKwargs)
+TrustPickleOpt = option(TrustPickle)
+DeviceOpt = option(Device)
+SeedOpt = option(Seed)
+AllowMismatchOpt = option(AllowModelMismatch)
+JobsOpt = option(Jobs)
+AttackOptionsOpt = option(AttackOptions)
+MaxMemoryOpt = option(MaxMemory)
+LpipsOpt = option(Lpips)
+ThreadsOpt = option(Threads)
 MAX_BATCH = 65_536  # the capture schema's bounds on gleak.batch_size and gleak.local_steps
 MAX_STEPS = 100_000
 MAX_MESSAGE = 600  # characters of one error line; longer ones are cut (a 1 MB option value is never echoed)
 
 
-def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False) -> Callable[[Any, Any, Any], Any]:
-    """A Typer callback that accepts a finite number within [low, high] (open ends as asked), or None.
-
-    Click's own ranges let NaN through (every comparison with NaN is false), so every numeric option of gleak
-    is checked here instead: one line, naming the option and the range."""
-
-    def check(ctx: Any, param: Any, value: Any) -> Any:
-        if value is None or ctx.resilient_parsing:
-            return value
-        lo = "" if low is None else ("> " if low_open else "≥ ") + _bound(low)
-        hi = "" if high is None else ("< " if high_open else "≤ ") + _bound(high)
-        expected = " and ".join(x for x in (lo, hi) if x) or "finite"
-        bad = not math.isfinite(value) or (
-            low is not None and (value < low or (low_open and value == low))) or (
-            high is not None and (value > high or (high_open and value == high)))
-        if bad:
-            raise typer.BadParameter(f"must be a finite number {expected}, got {shorten(str(value), 40)}")
-        return value
-
-    return check
-
-
-def _bound(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-SeedOpt = Annotated[int, typer.Option(help="Seed for every stochastic step (0 … 2^63 − 1).",
-                                      callback=number(0, MAX_SEED))]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only results and errors.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="More detail; tracebacks on internal errors.")]
-AllowMismatchOpt = Annotated[bool, typer.Option(
-    "--allow-model-mismatch", help="Attack even when the model's weights are not the ones the capture records "
-    "(gleak.model.sha256); reports record it.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
-MAX_JOBS = 256
-JobsOpt = Annotated[str, typer.Option("--jobs", "-j", envvar="GLEAK_JOBS", help="Run this many at once (the audit's "
-                                      "captures, the sweep's trials), in worker processes; auto: in this process, "
-                                      "then one worker per CPU once the work left would take longer than starting "
-                                      "the workers costs.")]
-AttackOptionsOpt = Annotated[list[str] | None, typer.Option(
-    "--option", "-O", metavar="ATTACK.KEY=VALUE",
-    help="Set an attack's option (repeatable), e.g. -O rlu.mc_samples=500; `gleak attacks` lists them. A key that a "
-    "dedicated flag also sets (--iterations, --augmentation, …) may be given one way only: both is an error.")]
-
-MaxMemoryOpt = Annotated[float | None, typer.Option(
-    "--max-memory", metavar="GB", callback=number(0, low_open=True),
-    help="Memory in GB one attack may add; an attack that would need more is skipped with the option to lower "
-    "(default: half the memory available when the run starts).")]
-
-
-def gigabytes(value: float | None) -> int | None:
-    """``--max-memory`` GB as bytes (None stays None: the run's default)."""
-    return None if value is None else int(value * 1e9)
-
-
 BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", "-b", help="Override the capture's B.",
                                                   callback=number(1, MAX_BATCH))]
-
-class LpipsNetwork(StrEnum):
-    """``--lpips``: the LPIPS network of the image scores (a str, so it compares and serialises as its name)."""
-
-    alex = "alex"
-    vgg = "vgg"
-    off = "off"
-
-
-LPIPS_NETWORKS = tuple(n.value for n in LpipsNetwork)
-LpipsOpt = Annotated[LpipsNetwork, typer.Option("--lpips", help="LPIPS network for the image scores (off: no LPIPS).")]
-
 
 def _truth_given(ctx: Any, param: Any, value: Any) -> Any:
     """--truth FILE after (or before) --no-truth: a usage error, whichever Click reads second."""
@@ -423,7 +378,6 @@ def _wants_json(format: Any) -> bool:
 
 
 THREADS_ENV = "GLEAK_THREADS"
-MAX_THREADS = 1024
 
 
 def default_threads() -> int:
@@ -474,12 +428,6 @@ def apply_threads(requested: int | None) -> int:
     return torch.get_num_threads()
 
 
-ThreadsOpt = Annotated[int | None, typer.Option(
-    "--threads", envvar=THREADS_ENV, show_envvar=True, callback=number(1, MAX_THREADS),
-    help="CPU threads for torch (default 1: steady on a shared machine; more can help large models on idle "
-    "cores).")]
-
-
 def resolve_device(device: str) -> torch.device:
     """The torch device for ``auto``, ``cpu`` or ``cuda[:N]`` (see :func:`gleak.runs.inputs.resolve_device`)."""
     from gleak.runs.inputs import resolve_device as resolve
@@ -519,10 +467,7 @@ def flag_origin(ctx: Any, key: str, flag: str) -> Origin:
 def parse_jobs(value: Any, origin: Origin | None = None) -> int:
     """``--jobs``: ``auto`` (0) or a whole number of workers from 1 to MAX_JOBS; else one line naming where the
     value came from (``origin``: --jobs unless told, e.g. GLEAK_JOBS)."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return 0
-    if not text.isdigit() or not 1 <= int(text) <= MAX_JOBS:
-        raise GleakError((origin or Origin("--jobs")).bad(shorten(str(value), 40),
-                                                          f"must be auto or a whole number from 1 to {MAX_JOBS}"))
-    return int(text)
+    try:
+        return jobs(str(value))
+    except Problem as e:
+        raise GleakError((origin or Origin("--jobs")).bad(shorten(str(value), 40), e.problem)) from None

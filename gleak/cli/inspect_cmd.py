@@ -43,10 +43,10 @@ def inspect(
     from gleak.runs.inputs import ModelSpec
     from gleak.runs.inspect import run_inspect
 
-    info = run_inspect(capture, ModelSpec(model, arch, arch_kwargs, trust_pickle), fc_layer,
-                       allow_model_mismatch).to_json()
+    info = run_inspect(capture, ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle),
+                       fc_layer, allow_model_mismatch)
     if format == "json":
-        print_json(info)
+        print_json(info.to_json())
     else:
         from gleak.capture import SCHEMA
         from gleak.report.formats.console import print_inspect

@@ -30,7 +30,6 @@ from gleak.cli.common import (
     VerboseOpt,
     console,
     err_console,
-    gigabytes,
     handle_errors,
     number,
     print_json,
@@ -89,11 +88,13 @@ def labels(
     from gleak.runs.labels import LabelsRequest, no_counts_reason, run_labels
 
     request = LabelsRequest(
-        inputs=InputSpec(capture, ModelSpec(model, arch, arch_kwargs, trust_pickle), aux, truth, no_truth, fc_layer,
-                         device, seed, batch_size,
-                         {"name": loss, "focal_gamma": focal_gamma, "focal_alpha": focal_alpha,
-                          "temperature": temperature, "label_smoothing": label_smoothing}, allow_model_mismatch,
-                         gigabytes(max_memory)),
+        inputs=InputSpec(capture=capture,
+                         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle),
+                         aux=aux, truth=truth, no_truth=no_truth, fc_layer=fc_layer, device=device, seed=seed,
+                         batch_size=batch_size,
+                         loss_overrides={"name": loss, "focal_gamma": focal_gamma, "focal_alpha": focal_alpha,
+                                         "temperature": temperature, "label_smoothing": label_smoothing},
+                         allow_model_mismatch=allow_model_mismatch, max_memory=max_memory),
         attacks=attack, flags={"augmentation": augmentation} if augmentation is not None else {},
         options=parse_option_assignments(option or []), confidence=confidence)
     request.check()  # every option and attack name, before any file is read or written
@@ -107,10 +108,10 @@ def labels(
         write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)
     if format == "json":
         print_json(data)
-    elif not quiet or data["results"]:
+    elif not quiet or report.results:
         from gleak.report.formats.console import print_labels
 
-        print_labels(console, data)
+        print_labels(console, report)
     if why is not None:
         from gleak.errors import ReportedError
 

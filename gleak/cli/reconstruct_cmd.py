@@ -107,21 +107,22 @@ def reconstruct(
                                 "distance": distance, "beta": beta, "signed": True if signed else None}.items()
              if v is not None}
     request = ReconstructRequest(
-        inputs=InputSpec(capture, ModelSpec(model, arch, arch_kwargs, trust_pickle), aux, truth, no_truth, fc_layer,
-                         device, seed, batch_size, allow_model_mismatch=allow_model_mismatch),
+        inputs=InputSpec(capture=capture,
+                         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle),
+                         aux=aux, truth=truth, no_truth=no_truth, fc_layer=fc_layer, device=device, seed=seed,
+                         batch_size=batch_size, allow_model_mismatch=allow_model_mismatch),
         attack=attack, labels=labels, generator=generator, flags=flags,
         options=parse_option_assignments(option or []), lpips=str(lpips))
     request.check()  # every option, before any file is read or written
     check_output_folder(output, force, FIXED_OUTPUTS, ("recon_*.png", "truth_*.png"))
     run = _run_with_progress(request, quiet or format == "json")
     written = write_outputs(run, output, force)
-    data = run.report.to_json()
     if format == "json":
-        print_json(data)
+        print_json(run.report.to_json())
     else:
         from gleak.report.formats.console import print_reconstruct
 
-        print_reconstruct(console, data, written)
+        print_reconstruct(console, run.report, written)
 
 
 def _run_with_progress(request: ReconstructRequest, quiet: bool) -> ReconstructRun:

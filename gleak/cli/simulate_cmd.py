@@ -102,8 +102,9 @@ def simulate(
         focal_alpha=focal_alpha, temperature=temperature, label_smoothing=label_smoothing, mixup=mixup,
         mixup_ratio=mixup_ratio, composition=composition, dirichlet_alpha=dirichlet_alpha,
         labels=parse_labels(labels), train_mode=train_mode, seed=seed, defenses=defenses)
-    request = SimulateRequest(ModelSpec(model, arch, arch_kwargs, trust_pickle), data, config, output, no_truth,
-                              device, force)
+    request = SimulateRequest(
+        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle), data=data,
+        config=config, output=output, no_truth=no_truth, device=device, force=force)
     run = run_simulate(request)
     if not quiet:
         _print_summary(run, request)

@@ -108,7 +108,8 @@ def sweep(
     from gleak.runs.sweep import SweepRequest
 
     request = SweepRequest(
-        model=ModelSpec(model, arch, arch_kwargs, trust_pickle), data=data, defenses=tuple(defense),
+        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle), data=data,
+        defenses=tuple(defense),
         attacks=tuple(attack or ()), aux=aux, generator=generator, options=parse_option_assignments(option or []),
         batch_size=batch_size, local_steps=local_steps, trials=trials, seed=seed, iterations=iterations,
         confidence=confidence, jobs=parse_jobs(jobs, flag_origin(ctx, "jobs", "--jobs")), device=device,

@@ -103,8 +103,9 @@ def train_generator(
     from gleak.runs.inputs import ModelSpec
     from gleak.runs.train_generator import TrainGeneratorRequest
 
-    request = TrainGeneratorRequest(ModelSpec(model, arch, arch_kwargs, trust_pickle), aux, output, settings,
-                                    fc_layer, device, force)
+    request = TrainGeneratorRequest(
+        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle), aux=aux,
+        output=output, settings=settings, fc_layer=fc_layer, device=device, force=force)
     report = _run_with_progress(request, not quiet and err_console.is_terminal, verbose and not quiet)
     if format == "json":
         print_json(report)

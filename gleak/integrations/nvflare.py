@@ -6,9 +6,10 @@ Add :class:`GleakCaptureFilter` to a client's ``task_result_filters`` (Job API:
 
 * a ``WEIGHT_DIFF`` result is the update itself; a ``WEIGHTS`` result is turned into local − global;
 * the global weights come from the same filter class in the site's ``task_data_filters``
-  (``filter_type=FilterType.TASK_DATA``), which remembers the model the server sent (and saves it under
-  ``models/``). Without it a ``WEIGHT_DIFF`` capture is still written, without the model's sha256, and a
-  ``WEIGHTS`` result is skipped with a warning;
+  (``filter_type=FilterType.TASK_DATA``), which hands the model the server sent to the task-result filter of the
+  same task (see "How the two filters are linked" below; the model is saved under ``models/``). Without it a
+  ``WEIGHT_DIFF`` capture is still written, without the model's sha256, and a ``WEIGHTS`` result is skipped with a
+  warning;
 * metadata: the round (``current_round`` header), the site name, ``NUM_STEPS_CURRENT_ROUND`` as the local steps,
   plus what the filter is told (learning rate, batch size, optimizer, arch).
 
@@ -19,12 +20,22 @@ in order (those of the site's privacy scope first, then the job's, in the order 
 the equivalent gleak defense where one exists; docs/defenses.md, "Inside FL frameworks").
 
 The filter never changes the DXO (it returns None, "not filtered"); a failure to write is logged, never raised.
+
+How the two filters are linked: through the task's own ``FLContext``, not through a shared object. NVFlare's Job API
+exports each filter as its class path and constructor arguments (``config_fed_client.json``) and the client builds
+every filter anew from them, so two filters cannot be handed one Python object (an object argument is exported as
+a component of its own, and each filter would get its own copy). What NVFlare does hand both is the task's context:
+the client runner applies a task's data filters, runs its executor and applies its result filters with one
+``FLContext`` (``ClientRunner._do_process_task``). The task-data filter puts the round and the global weights on it
+as a private, non-sticky property (:data:`GLOBAL_MODEL_PROP`: never sent to a peer, never carried to another task);
+the task-result filter of the same task reads them there. Nothing is kept between tasks, so there is no store to
+bound or to clear: the weights are freed with the task's context. A result filter that runs with another context
+(its own ``FLContext`` in a test, say) sees no global model and says so, as without the task-data filter.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,10 +51,9 @@ from nvflare.app_common.app_constant import AppConstants
 from gleak.errors import GleakError, shorten
 from gleak.integrations.recorder import CaptureRecorder, ClientRecord, defense_entry
 
-# the last global model each (job, site) received, from the task-data instance to the task-result instance
-# (NVFlare builds one filter object per chain)
-_GLOBALS: dict[tuple[str, str], tuple[int | None, dict[str, torch.Tensor]]] = {}
-_GLOBALS_LOCK = threading.Lock()
+GLOBAL_MODEL_PROP = "gleak.nvflare.global_model"
+"""The task's ``FLContext`` property (private, not sticky) under which the task-data filter leaves ``(round, global
+weights)`` for the task-result filter of the same task (see the module docs)."""
 
 
 # NVFlare's privacy filters (nvflare.app_common.filters) and the constructor options recorded for each
@@ -174,12 +184,10 @@ class GleakCaptureFilter(DXOFilter):  # type: ignore[misc]  # NVFlare ships no t
         key = (str(fl_ctx.get_job_id() or ""), site)
         round = _round(dxo, shareable)
         if self.get_prop(FilterContextKey.CHAIN_TYPE) == FilterChainType.TASK_DATA_CHAIN:
-            if dxo.data_kind == DataKind.WEIGHTS:
-                with _GLOBALS_LOCK:
-                    _GLOBALS[key] = (round, _tensors(dxo.data))
+            if dxo.data_kind == DataKind.WEIGHTS:  # for the result filter of this task (module docs)
+                fl_ctx.set_prop(GLOBAL_MODEL_PROP, (round, _tensors(dxo.data)), private=True, sticky=False)
             return
-        with _GLOBALS_LOCK:
-            known = _GLOBALS.get(key)
+        known = fl_ctx.get_prop(GLOBAL_MODEL_PROP)
         global_state = known[1] if known is not None and (round is None or known[0] in (None, round)) else None
         received = _tensors(dxo.data)
         if dxo.data_kind == DataKind.WEIGHTS:
@@ -238,10 +246,4 @@ def _round(dxo: DXO, shareable: Shareable) -> int | None:
     return None
 
 
-def forget_globals() -> None:
-    """Drop the remembered global models (tests; a long-lived client process between jobs)."""
-    with _GLOBALS_LOCK:
-        _GLOBALS.clear()
-
-
-__all__ = ["GleakCaptureFilter", "defense_record", "forget_globals"]
+__all__ = ["GLOBAL_MODEL_PROP", "GleakCaptureFilter", "defense_record"]

@@ -44,7 +44,7 @@ BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 MODELS_DIR = "models"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ClientRecord:
     """What one client did in one round, as far as its framework says (None: not known)."""
 

@@ -21,30 +21,20 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
+from gleak.model_check import ModelCheck as ModelCheck  # the one type: made by gleak.capture.check_model_hash
+
+# the vocabularies of the settings, which the reports record (re-exported)
+from gleak.settings.values import FAIL_ROUNDS_PATTERN as FAIL_ROUNDS_PATTERN
+from gleak.settings.values import SEVERITIES as SEVERITIES
+from gleak.settings.values import Budget as Budget
+from gleak.settings.values import ExecutorName as ExecutorName
+from gleak.settings.values import FailOn as FailOn
+from gleak.settings.values import Severity as Severity
+from gleak.settings.values import Thresholds as Thresholds
+
 SCHEMA_VERSION: Literal["2"] = "2"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
-Severity = Literal["info", "low", "medium", "high", "critical"]
-SEVERITIES: tuple[Severity, ...] = ("info", "low", "medium", "high", "critical")
-FailOn = Severity | Literal["none"]  # the gate: the lowest severity that fails, or none
-FAIL_ROUNDS_PATTERN = r"^(any|all|last:[1-9][0-9]{0,8})$"
-"""The gate over a run's rounds: ``any`` round (a finding in any capture), ``last:K`` (only the K highest-numbered
-rounds, and captures without a round), ``all`` (a finding in every round)."""
-FAIL_ROUNDS_EXPECTED = ("any (a finding in any round fails), last:K (only the K latest rounds, e.g. last:3) or all "
-                        "(a finding in every round)")
-
-
-def normal_fail_rounds(value: object) -> str | None:
-    """``any``, ``all`` or ``last:K`` (K ≥ 1) as written in reports, or None when ``value`` is none of them."""
-    text = str(value).strip().lower().replace(" ", "")
-    if text in ("any", "all"):
-        return text
-    head, _, k = text.partition(":")
-    if head == "last" and k.isdigit() and 1 <= int(k) <= 10**9 - 1:
-        return f"last:{int(k)}"
-    return None
-Budget = Literal["quick", "standard", "full"]
-ExecutorName = Literal["local", "ray"]
 Status = Literal["ok", "not_applicable", "failed", "error", "abstained"]
 """ok: counts or images; not_applicable: the attack cannot run on this input; failed: bad input stopped it; error: an
 unexpected exception; abstained: it ran and answered that it cannot tell (the calibrated selector when no candidate
@@ -175,23 +165,6 @@ class CaptureReport(_Model):
         scored — what GLEAK-LABELS, the run view and every format report as "the best label attack"."""
         scored = [a for a in self.attacks if a.task == "labels" and a.scores and a.scores.get("iacc") is not None]
         return max(scored, key=lambda a: float((a.scores or {})["iacc"] or 0.0), default=None)
-
-
-class Thresholds(_Model):
-    """Where each severity starts. Defaults and their sources are documented in docs/audit.md ("Findings and
-    thresholds"). Label thresholds are rates in [0, 1]; image thresholds are identification over chance, κ in
-    [0, 1]."""
-
-    labels_critical: float = Field(1.0, ge=0, le=1, description="best iAcc: every label recovered exactly")
-    labels_high: float = Field(0.9, ge=0, le=1, description="best iAcc")
-    labels_medium_margin: float = Field(0.2, ge=0, le=1, description="best iAcc minus the chance iAcc")
-    labels_low_margin: float = Field(0.05, ge=0, le=1, description="best iAcc minus the chance iAcc")
-    image_critical: float = Field(0.9, ge=0, le=1, description="identification over chance κ = (rate − chance) / "
-                                  "(1 − chance) of the reconstructions' lineups")
-    image_high: float = Field(0.6, ge=0, le=1, description="identification over chance κ")
-    image_medium: float = Field(0.3, ge=0, le=1, description="identification over chance κ")
-    image_low: float = Field(0.1, ge=0, le=1, description="identification over chance κ (and the rate's interval "
-                             "above chance)")
 
 
 class SeriesInfo(_Model):
@@ -353,14 +326,6 @@ class Report(_Model):
 # ------------------------------------------------------------------------ labels, reconstruct, inspect
 # These mirror, key for key, the JSON the commands wrote before they had models. Keys a command writes only
 # sometimes default to None and are left out of the JSON when not given (see ``CommandReport.to_json``).
-
-
-class ModelCheck(_Model):
-    """Whether the model given is the one the capture was made with (``gleak.model.sha256``)."""
-
-    status: Literal["match", "not_recorded", "mismatch_allowed"]
-    recorded_sha256: str | None
-    model_sha256: str
 
 
 class ModelMode(_Model):

@@ -19,7 +19,7 @@ from gleak.errors import TRUTH_CONTRADICTION, GleakError
 from gleak.io import companion_exists
 from gleak.losses import LossSpec
 from gleak.models import LoadedModel, load_model
-from gleak.report.model import ModelCheck, ModelMode
+from gleak.report.model import ModelMode
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -55,13 +55,18 @@ def available_memory() -> int | None:
         return None
 
 
-def default_max_memory() -> int | None:
-    """The default ``--max-memory``: :data:`MEMORY_FRACTION` of the memory available now (None: no limit known)."""
+def memory_limit(gigabytes: float | None = None) -> int | None:
+    """The bytes an attack may add: ``gigabytes`` (``--max-memory``) when given, else :data:`MEMORY_FRACTION` of the
+    memory available now (None: no limit known). The one place that default is filled: each run calls this once,
+    where it starts (``gleak labels``/``reconstruct``: :func:`open_inputs`; the audit: ``AuditConfig.resolved``; the
+    sweep: its set-up)."""
+    if gigabytes is not None:
+        return int(gigabytes * 1e9)
     free = available_memory()
     return int(free * MEMORY_FRACTION) if free else None
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ModelSpec:
     """How to load the global model: the file and, for weight files, its architecture (see
     :func:`gleak.models.load_model`). Pickles run code: ``trust_pickle`` is the user's decision."""
@@ -72,7 +77,7 @@ class ModelSpec:
     trust_pickle: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class InputSpec:
     """Everything one capture's run opens: the capture, its model, auxiliary data, ground truth (``truth`` given,
     or ``NAME.truth.safetensors`` beside the capture unless ``no_truth``), and how to read them.
@@ -90,7 +95,7 @@ class InputSpec:
     batch_size: int | None = None
     loss_overrides: Mapping[str, Any] = field(default_factory=dict)
     allow_model_mismatch: bool = False
-    max_memory: int | None = None  # bytes an attack may add (None: :func:`default_max_memory`)
+    max_memory: float | None = None  # GB an attack may add (None: the default of :func:`memory_limit`)
 
     def truth_file(self) -> Path | None:
         """The ground-truth file this run reads, or None."""
@@ -128,7 +133,7 @@ def open_inputs(spec: InputSpec) -> Inputs:
         loss = replace(loss, **overrides)  # validates through LossSpec.__post_init__
     ctx = build_context(cap, loaded, aux_data, resolve_device(spec.device), spec.seed, spec.fc_layer,
                         spec.batch_size, loss, spec.allow_model_mismatch,
-                        spec.max_memory if spec.max_memory is not None else default_max_memory())
+                        memory_limit(spec.max_memory))
     truth_file = spec.truth_file()
     truth = load_truth(truth_file, cap) if truth_file is not None else None
     if truth is not None:
@@ -143,11 +148,6 @@ def soft_truth(ctx: Context, truth: Truth | None) -> torch.Tensor | None:
         return None
     lab = truth.labels
     return lab[0].double() if lab.dim() == 2 else torch.nn.functional.one_hot(lab[0], ctx.num_classes).double()
-
-
-def model_check_of(ctx: Context) -> ModelCheck | None:
-    """The model-hash check as reports record it (None without a model)."""
-    return ModelCheck.model_validate(ctx.model_check.to_json()) if ctx.model_check is not None else None
 
 
 def model_mode_of(ctx: Context) -> ModelMode | None:

@@ -55,8 +55,8 @@ def run_inspect(capture_path: Path, model: ModelSpec | None = None, fc_layer: st
         validate_against_model(capture, loaded.module)
         check = check_model_hash(capture, loaded.weights_sha256, allow_model_mismatch)
         info["model"] = {"file": str(model.path), "source": loaded.source, "arch": loaded.arch,
-                         "weights_sha256": loaded.weights_sha256, "model_check": check.to_json(),
-                         "matches_capture": None if check.recorded is None else check.status == "match"}
+                         "weights_sha256": loaded.weights_sha256, "model_check": check,
+                         "matches_capture": None if check.recorded_sha256 is None else check.status == "match"}
         shape = capture.input_shape or loaded.input_shape
         layer = find_last_layer(loaded.module, capture.tensors, input_shape=shape, override=fc_layer)
         info["attacks"], info["model"]["mode"] = applicable_attacks(capture, loaded, fc_layer, allow_model_mismatch)

@@ -17,13 +17,13 @@ from gleak.attacks.registry import attack_class, resolve_assignments
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.registry import check_flag_conflicts, resolve_options
 from gleak.report.model import ChanceScores, LabelResult, LabelsReport, LossInfo
-from gleak.runs.inputs import InputSpec, model_check_of, model_mode_of, open_inputs, soft_truth
+from gleak.runs.inputs import InputSpec, model_mode_of, open_inputs, soft_truth
 
 # dedicated flags of `gleak labels` -> the attack whose option they set
 FLAG_OWNERS = {"augmentation": "softlabel"}
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class LabelsRequest:
     """``gleak labels``: the inputs, the attacks to run (None: every default one), the dedicated flags' values
     (``{"augmentation": "mixup"}``, see :data:`FLAG_OWNERS`), ``-O`` assignments by attack, and the number of
@@ -77,7 +77,7 @@ def run_labels(request: LabelsRequest, progress: Callable[[str], None] | None = 
                       label_smoothing=loss.label_smoothing, focal_gamma=loss.focal_gamma,
                       focal_alpha=loss.focal_alpha),
         truth_file=str(inputs.truth_path) if inputs.truth_path else None,
-        model_check=model_check_of(ctx), model_mode=model_mode_of(ctx),
+        model_check=ctx.model_check, model_mode=model_mode_of(ctx),
         truth_counts=counts.tolist() if counts is not None else None,
         chance=ChanceScores.model_validate(chance_scores(counts)) if counts is not None else None,
         results=[LabelResult.model_validate(r.to_json()) for r in results],

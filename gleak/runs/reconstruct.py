@@ -27,14 +27,14 @@ from gleak.errors import LABELS_TRUTH_OFF, GleakError, shorten
 from gleak.io import OutputSet, safetensors_bytes
 from gleak.registry import check_flag_conflicts
 from gleak.report.model import Baseline, ImageMetrics, ReconstructLabels, ReconstructReport
-from gleak.runs.inputs import InputSpec, model_check_of, model_mode_of, open_inputs
+from gleak.runs.inputs import InputSpec, model_mode_of, open_inputs
 from gleak.runs.scoring import ScoredImages, score_outputs, score_reconstruction
+from gleak.settings.values import LPIPS_NETWORKS
 
 if TYPE_CHECKING:
     from gleak.generator.file import GeneratorFile
 
 FIXED_OUTPUTS = ("grid.png", "lineup.png", "metrics.json", "images.safetensors", "recovered.safetensors")
-LPIPS_NETS = ("alex", "vgg", "off")
 Progress = Callable[[int, int, int, float], None]  # an attack's: restart, step, steps, loss
 
 
@@ -131,7 +131,7 @@ def reconstruct(ctx: Context, attack: ReconstructionAttack, labels: str, truth: 
 
 
 # ------------------------------------------------------------------------------------- gleak reconstruct
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class ReconstructRequest:
     """``gleak reconstruct``: the inputs, the attack (``auto`` or a name), where its labels come from, an image
     generator for fgla/rgla, the dedicated flags' values (``{"iterations": 300}``; keys an attack declares) and
@@ -147,7 +147,7 @@ class ReconstructRequest:
 
     def check(self) -> None:
         """Every option checked before any file is read (one-line GleakErrors)."""
-        if self.lpips not in LPIPS_NETS:
+        if self.lpips not in LPIPS_NETWORKS:
             raise GleakError(f"--lpips must be alex, vgg or off, got {shorten(repr(self.lpips), 40)}")
         distance = self.flags.get("distance")
         if distance is not None and distance not in DISTANCES:
@@ -242,7 +242,7 @@ def run_reconstruct(request: ReconstructRequest,
         attack=chosen.name, paper=chosen.paper, options=result.options or {}, batch_size=ctx.batch_size,
         labels=labels, feature_source=prepared.feature_source, seed=request.inputs.seed, device=str(ctx.device),
         seconds=round(result.seconds, 3), total_seconds=0.0, diagnostics=jsonable(result.output.diagnostics),
-        warnings=result.warnings, metrics=metrics, model_check=model_check_of(ctx), model_mode=model_mode_of(ctx),
+        warnings=result.warnings, metrics=metrics, model_check=ctx.model_check, model_mode=model_mode_of(ctx),
         ignored_options=ignored, threads=torch.get_num_threads(), baseline=baseline,
         generator=gen_file.describe() if gen_file is not None else None, output_scores=done.output_scores,
         images_written=done.images is not None, identification=identification)

@@ -35,8 +35,9 @@ def client_config(*, batch_size: int, local_steps: int, scheme: str | None, lear
         batch_size=batch_size, local_steps=local_steps, scheme=scheme,
         learning_rate=learning_rate, optimizer=optimizer, momentum=0.9 if momentum is None else momentum,
         weight_decay=weight_decay, mu=mu or 0.0,
-        loss=LossSpec(loss, reduction, temperature, label_smoothing, 2.0 if focal_gamma is None else focal_gamma,
-                      1.0 if focal_alpha is None else focal_alpha),
+        loss=LossSpec(name=loss, reduction=reduction, temperature=temperature, label_smoothing=label_smoothing,
+                      focal_gamma=2.0 if focal_gamma is None else focal_gamma,
+                      focal_alpha=1.0 if focal_alpha is None else focal_alpha),
         mixup=mixup, mixup_ratio=mixup_ratio,
         composition="explicit" if labels and composition == "uniform" else composition,
         labels=labels, dirichlet_alpha=0.5 if dirichlet_alpha is None else dirichlet_alpha,
@@ -62,7 +63,7 @@ def refuse_unused(*, optimizer: str, momentum: float | None, scheme: str, mu: fl
             raise GleakError(message)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class SimulateRequest:
     """``gleak simulate``: the global model, the client's data, how it trains, and where the capture goes
     (its truth beside it as ``NAME.truth.safetensors`` unless ``no_truth``)."""

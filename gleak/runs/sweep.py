@@ -63,7 +63,7 @@ from gleak.report.model import (
 )
 from gleak.report.privacy import terms_of
 from gleak.reproducible import zero_timings
-from gleak.runs.inputs import ModelSpec, check_model_fits_data, default_max_memory, resolve_device, soft_truth
+from gleak.runs.inputs import ModelSpec, check_model_fits_data, memory_limit, resolve_device, soft_truth
 from gleak.runs.sweep_accuracy import (
     DEFAULT_ROUNDS,
     DEFAULT_TRAIN_LR,
@@ -147,7 +147,7 @@ def split_named(text: str, keys: Sequence[str]) -> tuple[str, str, list[str]] | 
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class DefenseSweep:
     """One ``--defense`` of a sweep: the defense, the options kept fixed, and its points — (strength, the configured
     defense) for each value, or one point at the configured options when no values are given (``swept`` False)."""
@@ -197,7 +197,8 @@ def parse_sweep(text: str) -> DefenseSweep:
 
     if tokens is None:
         defense = build_defense(cls, fixed, FLAG)
-        return DefenseSweep(text, cls.name, strength, dict(fixed), False, ((value_of(defense), defense),))
+        return DefenseSweep(text=text, name=cls.name, strength=strength, fixed=dict(fixed), swept=False,
+                            points=((value_of(defense), defense),))
     if strength is None:
         varied = ", ".join(sorted(c.name for c in DEFENSES.values() if c.strength))
         raise GleakError(f"{FLAG} {shorten(text, 60)}: {cls.name} has no strength option to sweep; give --defense "
@@ -219,11 +220,12 @@ def parse_sweep(text: str) -> DefenseSweep:
                                 {**sources, strength: f"{FLAG} {cls.name} {strength}={token}"})
         values.append(value)
         points.append((value_of(defense), defense))
-    return DefenseSweep(text, cls.name, strength, dict(fixed), True, tuple(points))
+    return DefenseSweep(text=text, name=cls.name, strength=strength, fixed=dict(fixed), swept=True,
+                        points=tuple(points))
 
 
 # ----------------------------------------------------------------------------------------- attacks
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class AttackPlan:
     """What every point runs: the label attacks (the calibrated selector's candidates too), whether the selector
     runs, the reconstruction attacks, the attacks that get rows (in order), and what was left out."""
@@ -245,7 +247,8 @@ def plan_attacks(names: Sequence[str], aux: bool, generator: bool,
         if not aux:
             notices.append(CALIBRATED_SKIPPED)
         calibrated = aux
-        plan = AttackPlan(labels, calibrated, (), labels + ((CALIBRATED,) if calibrated else ()), tuple(notices))
+        plan = AttackPlan(labels=labels, calibrated=calibrated, reconstruct=(),
+                          rows=labels + ((CALIBRATED,) if calibrated else ()), notices=tuple(notices))
     else:
         named: list[str] = list(dict.fromkeys(n.strip() for n in names))
         label_names: list[str] = []
@@ -262,7 +265,7 @@ def plan_attacks(names: Sequence[str], aux: bool, generator: bool,
         candidates = tuple(label_names) or (tuple(a.name for a in select_attacks("labels", None)) if calibrated
                                             else ())
         rows = tuple(n for n in named if n in label_names or n == CALIBRATED)
-        plan = AttackPlan(candidates, calibrated, tuple(recon), rows)
+        plan = AttackPlan(labels=candidates, calibrated=calibrated, reconstruct=tuple(recon), rows=rows)
     from gleak.attacks.reconstruct.generative import GenerativeAttack
 
     generative = [n for n in plan.reconstruct if issubclass(attack_class(n), GenerativeAttack)]
@@ -282,7 +285,7 @@ def plan_attacks(names: Sequence[str], aux: bool, generator: bool,
 
 
 # ----------------------------------------------------------------------------------------- the request
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class SweepRequest:
     """``gleak sweep``: the global model, the client's data, the ``--defense`` specs, the attacks (none: the default
     label attacks and, with ``aux``, the calibrated selector), ``-O`` assignments, how the client trains, how many
@@ -316,7 +319,8 @@ class SweepRequest:
     @property
     def training(self) -> Training:
         """How the utility model trains (``--utility accuracy``)."""
-        return Training(self.train_rounds, self.train_steps, self.batch_size, self.train_lr, self.seed)
+        return Training(rounds=self.train_rounds, steps=self.train_steps, batch_size=self.batch_size,
+                        lr=self.train_lr, seed=self.seed)
 
     @property
     def scheme(self) -> str:
@@ -421,7 +425,7 @@ class _Setup:
             from gleak.generator.file import load_generator
 
             generator = load_generator(request.generator, device)
-        return cls(request, sweeps, plan, loaded, data, aux, generator, device, default_max_memory(),
+        return cls(request, sweeps, plan, loaded, data, aux, generator, device, memory_limit(),
                    model_sha256=loaded.weights_sha256)
 
     def held(self) -> tuple[LoadedModel, Dataset]:

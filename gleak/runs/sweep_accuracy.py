@@ -102,7 +102,7 @@ def accuracy(model: nn.Module, data: Dataset, device: torch.device) -> float:
     return right / len(data)
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class Training:
     """How the utility model trains: R rounds of m local steps of B examples at learning rate ``lr``."""
 

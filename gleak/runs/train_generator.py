@@ -27,7 +27,7 @@ OTHER_KINDS = {"gradient": "a capture", "update": "a capture", "truth": "a groun
 EpochCallback = Callable[[str, int, int, float, float | None], None]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class TrainGeneratorRequest:
     """``gleak train-generator``: the model, the auxiliary data, the training settings, the output file."""
 

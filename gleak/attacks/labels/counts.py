@@ -66,8 +66,9 @@ def round_counts(real: torch.Tensor | np.ndarray, total: int) -> torch.Tensor:
 def logit_grads(logits: torch.Tensor, labels: torch.Tensor, loss: LossSpec) -> torch.Tensor:
     """∂ℓ_n/∂z_n for every example (unreduced), for the loss exactly as :mod:`gleak.losses` defines it."""
     z = logits.detach().double().requires_grad_(True)
-    per_example_sum = client_loss(z, labels, LossSpec(loss.name, "sum", loss.temperature, loss.label_smoothing,
-                                                      loss.focal_gamma, loss.focal_alpha))
+    per_example_sum = client_loss(z, labels, LossSpec(name=loss.name, reduction="sum", temperature=loss.temperature,
+                                                      label_smoothing=loss.label_smoothing,
+                                                      focal_gamma=loss.focal_gamma, focal_alpha=loss.focal_alpha))
     (grad,) = torch.autograd.grad(per_example_sum, z)
     return grad
 

@@ -39,7 +39,7 @@ class GenerativeAttack(ReconstructionAttack):
         if gen is None:
             return None
         try:
-            check_fits(gen, model_sha256=ctx.model_check.actual if ctx.model_check is not None else None,
+            check_fits(gen, model_sha256=ctx.model_check.model_sha256 if ctx.model_check is not None else None,
                        layer=ctx.layer.name, feature_dim=ctx.layer.feature_dim, input_shape=ctx.input_shape)
         except GleakError as e:
             return str(e)

@@ -16,7 +16,15 @@ from rich.panel import Panel
 from rich.table import Table
 
 from gleak.report.formats.text import fmt_number
-from gleak.report.model import Report
+from gleak.report.model import (
+    ImageMetrics,
+    InspectReport,
+    LabelResult,
+    LabelsReport,
+    ReconstructReport,
+    Report,
+)
+from gleak.settings.declare import Resolved
 
 NAME = "table"
 KIND_SHORT = {"gradient": "grad", "update": "upd"}  # the audit table's kind column
@@ -35,24 +43,24 @@ def compact(counts: Sequence[int], limit: int = SHOWN) -> str:
     return " ".join(f"{c}×{n}" for c, n in pairs) or "—"
 
 
-def print_labels(console: Console, data: Mapping[str, Any]) -> None:
+def print_labels(console: Console, report: LabelsReport) -> None:
     """`gleak labels`: the capture line, the truth and chance, one row per attack, soft labels, reasons."""
-    results = data["results"]
-    head = (f"[bold]{data['capture']}[/]: {data['kind']}, B = {data['batch_size']}"
-            + (f", m = {data['local_steps']} steps" if data["local_steps"] > 1 else "")
-            + f", C = {data['num_classes']}, last layer '{data['last_layer']}'")
+    results = report.results
+    head = (f"[bold]{report.capture}[/]: {report.kind}, B = {report.batch_size}"
+            + (f", m = {report.local_steps} steps" if report.local_steps > 1 else "")
+            + f", C = {report.num_classes}, last layer '{report.last_layer}'")
     console.print(head)
-    if data.get("model_mode"):
-        console.print(f"[dim]model: {escape(data['model_mode']['note'])}[/]", soft_wrap=True)
-    if data["truth_counts"] is not None:
-        console.print(f"truth: {compact(data['truth_counts'])}   [dim]chance (random guessing): iAcc "
-                      f"{data['chance']['iacc']:.3f}, cAcc {data['chance']['cacc']:.3f}[/]")
-    scored = data["truth_counts"] is not None
+    if report.model_mode is not None:
+        console.print(f"[dim]model: {escape(report.model_mode.note)}[/]", soft_wrap=True)
+    if report.truth_counts is not None and report.chance is not None:
+        console.print(f"truth: {compact(report.truth_counts)}   [dim]chance (random guessing): iAcc "
+                      f"{report.chance.iacc:.3f}, cAcc {report.chance.cacc:.3f}[/]")
+    scored = report.truth_counts is not None
     table = Table(show_lines=False)
     table.add_column("attack", style="bold")
     table.add_column("recovered class×count", overflow="fold")
     table.add_column("time", justify="right", no_wrap=True)
-    calibrated = any(r.get("confidence") for r in results)
+    calibrated = any(r.confidence for r in results)
     if calibrated:
         table.add_column("90 % ±", justify="right", no_wrap=True)
         table.add_column("expected/chance", justify="right", no_wrap=True)
@@ -61,29 +69,29 @@ def print_labels(console: Console, data: Mapping[str, Any]) -> None:
             table.add_column(col, justify="right", no_wrap=True)
     reasons: dict[str, list[str]] = {}
     for r in results:
-        if r["status"] == "abstained":
-            reasons.setdefault(f"[cyan]abstained[/]: {r.get('reason')}", []).append(r["attack"])
-            c = r.get("confidence") or {}
+        if r.status == "abstained":
+            reasons.setdefault(f"[cyan]abstained[/]: {r.reason}", []).append(r.attack)
+            c = r.confidence or {}
             cells = ["—", _expected(c)] if calibrated and c.get("calibrated") else [""] * (2 if calibrated else 0)
-            table.add_row(r["attack"], "[cyan]abstained[/] (no counts)", _time(r["seconds"]), *cells,
+            table.add_row(r.attack, "[cyan]abstained[/] (no counts)", _time(r.seconds), *cells,
                           *([""] * 4 if scored else []))
             continue
-        if r["status"] != "ok":
+        if r.status != "ok":
             label = {"not_applicable": "[yellow]not applicable[/]", "error": "[red]error[/]"}.get(
-                r["status"], "[red]failed[/]")
-            reasons.setdefault(f"{label}: {r.get('reason')}", []).append(r["attack"])
-            table.add_row(f"[dim]{r['attack']}[/]", label, "", *([""] * 2 if calibrated else []),
+                r.status, "[red]failed[/]")
+            reasons.setdefault(f"{label}: {r.reason}", []).append(r.attack)
+            table.add_row(f"[dim]{r.attack}[/]", label, "", *([""] * 2 if calibrated else []),
                           *([""] * 4 if scored else []))
             continue
-        cells = [r["attack"] + (" [yellow]⚠[/]" if r["warnings"] else ""), compact(r["counts"]), _time(r["seconds"])]
+        cells = [r.attack + (" [yellow]⚠[/]" if r.warnings else ""), compact(r.counts or []), _time(r.seconds)]
         if calibrated:
-            c = r.get("confidence") or {}
+            c = r.confidence or {}
             if c.get("calibrated"):
                 cells += [f"{c['half_width']}", _expected(c)]
             else:
                 cells += ["—", "[dim]not calibrated[/]"]
-        if scored and r.get("scores"):
-            s = r["scores"]
+        if scored and r.scores:
+            s = r.scores
             colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
             cells += [f"[{colour}]{s['iacc']:.3f}[/]", f"{s['cacc']:.3f}", f"{s['exact']:.3f}",
                       f"{s['chance_iacc']:.3f}"]
@@ -92,15 +100,15 @@ def print_labels(console: Console, data: Mapping[str, Any]) -> None:
     legend = _composition_legend(results)
     if legend:
         console.print(f"[dim]{escape(legend)}[/]", soft_wrap=True)
-    soft_rows = [r for r in results if r["status"] == "ok" and r.get("soft_label") is not None]
+    soft_rows = [r for r in results if r.status == "ok" and r.soft_label is not None]
     if soft_rows:
-        print_soft_labels(console, data, soft_rows)
+        print_soft_labels(console, report, soft_rows)
     for reason, names in reasons.items():
         console.print(f"{', '.join(names)} — {reason}", soft_wrap=True)
     for r in results:
-        for w in r["warnings"]:
-            console.print(f"[yellow]⚠ {r['attack']}:[/] {w}", soft_wrap=True)
-    for note in data["ignored_options"]:
+        for w in r.warnings:
+            console.print(f"[yellow]⚠ {r.attack}:[/] {w}", soft_wrap=True)
+    for note in report.ignored_options:
         console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
 
 
@@ -115,10 +123,10 @@ def _expected(confidence: Mapping[str, Any]) -> str:
     return text if confidence.get("informative") else f"[red]{text}[/]"
 
 
-def _composition_legend(results: Sequence[Mapping[str, Any]]) -> str:
+def _composition_legend(results: Sequence[LabelResult]) -> str:
     """What expected/chance compares and the compositions it names (from the first calibration that says)."""
     for r in results:
-        by = (r.get("confidence") or {}).get("by_composition")
+        by = (r.confidence or {}).get("by_composition")
         if not by:
             continue
         names = "; ".join(f"{COMPOSITION_SHORT.get(n, n)}: {_composition_words(n, m)}" for n, m in by.items())
@@ -135,11 +143,11 @@ def _composition_words(name: str, measured: Mapping[str, Any]) -> str:
     return str(measured.get("assumes", name))
 
 
-def print_soft_labels(console: Console, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+def print_soft_labels(console: Console, report: LabelsReport, rows: Sequence[LabelResult]) -> None:
     """Soft labels of one example, one row per class (classes with mass, at most 20), truth first."""
-    truth = data.get("truth_soft_label")
+    truth = report.truth_soft_label
     vectors: list[Sequence[float]] = [truth] if truth is not None else []
-    vectors += [r["soft_label"] for r in rows]
+    vectors += [r.soft_label for r in rows if r.soft_label is not None]
     mass = [max(abs(float(v[c])) for v in vectors) for c in range(len(vectors[0]))]
     shown = [c for c in sorted(range(len(mass)), key=lambda c: -mass[c]) if mass[c] > 1e-4][:20]
     table = Table(title="soft label of the example", title_justify="left")
@@ -147,23 +155,23 @@ def print_soft_labels(console: Console, data: Mapping[str, Any], rows: Sequence[
     if truth is not None:
         table.add_column("truth", justify="right")
     for r in rows:
-        table.add_column(r["attack"], justify="right")
+        table.add_column(r.attack, justify="right")
     for c in sorted(shown):
         table.add_row(str(c), *[f"{float(v[c]):.5f}" for v in vectors])
     console.print(table)
     for r in rows:
-        d = r.get("diagnostics") or {}
+        d = r.diagnostics or {}
         if d.get("augmentation") == "smoothing":
             what = f"label smoothing, class {d['class']}, ε = {d['epsilon']:.5f}"
         elif d.get("augmentation") == "mixup":
             what = f"mixup of classes {d['classes'][0]} and {d['classes'][1]}, ratio {d['ratio']:.5f}"
         else:
             what = d.get("case", "")
-        line = f"{r['attack']}: {what}; search: {d.get('stage', '—')}, loss {d.get('loss', float('nan')):.2e}"
+        line = f"{r.attack}: {what}; search: {d.get('stage', '—')}, loss {d.get('loss', float('nan')):.2e}"
         if d.get("confidence") is not None:
             bound = d.get("l1_error_bound", float("nan"))
             line += f"; confidence {d['confidence']:.3f} (90 % bound on L1: {bound:.2g})"
-        scores = r.get("scores") or {}
+        scores = r.scores or {}
         if "soft_l1" in scores:
             ok = "[green]recovered[/]" if scores["soft_success"] else "[red]not recovered[/]"
             line += f"; L1 to truth {scores['soft_l1']:.2e} ({ok})"
@@ -174,27 +182,27 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def print_reconstruct(console: Console, data: Mapping[str, Any], written: Sequence[Path]) -> None:
+def print_reconstruct(console: Console, report: ReconstructReport, written: Sequence[Path]) -> None:
     """`gleak reconstruct`: the run, its speed, the matched image scores and the baseline, the files written."""
-    console.print(f"[bold]{data['capture']}[/]: {data['attack']} ({data['paper']}), B = {data['batch_size']}, "
-                  f"labels {data['labels']['source']}"
-                  + (f", feature from {data['feature_source']}" if data["feature_source"] else ""), soft_wrap=True)
-    if data.get("model_mode"):
-        console.print(f"[dim]model: {escape(data['model_mode']['note'])}[/]", soft_wrap=True)
-    d = data["diagnostics"]
+    console.print(f"[bold]{report.capture}[/]: {report.attack} ({report.paper}), B = {report.batch_size}, "
+                  f"labels {report.labels.source}"
+                  + (f", feature from {report.feature_source}" if report.feature_source else ""), soft_wrap=True)
+    if report.model_mode is not None:
+        console.print(f"[dim]model: {escape(report.model_mode.note)}[/]", soft_wrap=True)
+    d = report.diagnostics
     work = ""
     if d.get("iterations_run"):
         work = f", {d['iterations_run']:,} iterations"
         if d.get("evaluations_run"):
             work += f" ({d['evaluations_run']:,} objective evaluations)"
-    speeds = [f"{data[key]:.1f} {unit}/s" for key, unit in (("iterations_per_second", "iterations"),
-                                                            ("evaluations_per_second", "evaluations"))
-              if data.get(key)]
+    speeds = [f"{value:.1f} {unit}/s" for value, unit in ((report.iterations_per_second, "iterations"),
+                                                          (report.evaluations_per_second, "evaluations"))
+              if value]
     speed = f": {', '.join(speeds)}" if speeds else ""
-    threads = f"{data['threads']} thread{'s' if data['threads'] != 1 else ''}"
-    console.print(f"time {data['seconds']:.1f} s on {threads}{work}{speed}"
+    threads = f"{report.threads} thread{'s' if report.threads != 1 else ''}"
+    console.print(f"time {report.seconds:.1f} s on {threads}{work}{speed}"
                   + (f", final loss {d['loss']:.3e}" if "loss" in d else ""), soft_wrap=True)
-    o = data.get("output_scores")
+    o = report.output_scores
     if o:
         parts = []
         if o.get("logit_mse") is not None:
@@ -202,61 +210,66 @@ def print_reconstruct(console: Console, data: Mapping[str, Any], written: Sequen
         if o.get("feature_cosine_mean") is not None:
             parts.append(f"feature cosine mean {o['feature_cosine_mean']:.4f} (min {o['feature_cosine_min']:.4f})")
         console.print("recovered vs true model outputs: " + ", ".join(parts), soft_wrap=True)
-    if data.get("generator"):
-        g = data["generator"]
+    if report.generator:
+        g = report.generator
         ceiling = f", held-out PSNR {g['heldout_psnr']:.2f} dB" if g.get("heldout_psnr") is not None else ""
         console.print(f"[dim]generator {escape(str(g['file']))} (layer {g['layer']}{ceiling})[/]", soft_wrap=True)
-    m = data["metrics"]
-    if not data.get("images_written", True):
+    m = report.metrics
+    if not report.images_written:
         console.print("[yellow]no images written[/] (no generator): the recovered features are in "
                       "recovered.safetensors", soft_wrap=True)
     elif m is not None:
-        table = Table(title="reconstruction vs truth (matched one-to-one)", title_justify="left")
-        for col in ("image", "PSNR dB", "SSIM", "LPIPS"):
-            table.add_column(col, justify="right")
-        lp = m["lpips"] or [None] * len(m["psnr"])
-        for i, (p, s, v) in enumerate(zip(m["psnr"], m["ssim"], lp, strict=True)):
-            table.add_row(str(i), fmt_number(p, 2), fmt_number(s, 4), fmt_number(v, 4))
-        mean = m["mean"]
-        table.add_row("[bold]mean[/]", fmt_number(mean["psnr"], 2), fmt_number(mean["ssim"], 4),
-                      fmt_number(mean.get("lpips"), 4))
-        console.print(table)
-        if m["lpips"] is None:
-            console.print(f"[yellow]LPIPS not computed:[/] {m['lpips_info'].get('unavailable')}", soft_wrap=True)
-        ident = data.get("identification")
-        if not ident:
-            console.print("[dim]identification not scored: it needs --aux data for distractors (lineup.png)[/]",
-                          soft_wrap=True)
-        else:
-            low, high = ident["interval"]
-            console.print(f"[bold]identification:[/] {ident['identified']:g} of {ident['n']} true images picked out "
-                          f"of lineups of {ident['distractors'] + 1} (rate {ident['rate']:.2f}, "
-                          f"{100 * ident['level']:.0f} % interval [{low:.2f}, {high:.2f}], chance "
-                          f"{ident['chance']:.2f}; distractors: {ident['lineup']})", soft_wrap=True)
-        base = data.get("baseline")
-        if base is not None and base["statement"]:
-            console.print(f"[bold red]{base['statement']}[/]", soft_wrap=True)
-        elif base is not None:
-            console.print(f"baseline ({base['kind']}): {base['psnr']:.2f} dB", soft_wrap=True)
+        _print_image_scores(console, report, m)
     else:
         console.print("[dim]no ground truth: images are written unscored[/]")
-    for w in data["warnings"]:
+    for w in report.warnings:
         console.print(f"[yellow]⚠[/] {w}", soft_wrap=True)
-    for note in data["ignored_options"]:
+    for note in report.ignored_options:
         console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
     console.print(f"wrote {written[0]} and {len(written) - 1} more files in {written[0].parent}/")
 
 
-def print_audit_config(console: Console, keys: Sequence[str], effective: Mapping[str, Any],
-                       sources: Mapping[str, str]) -> None:
-    """The effective configuration as a table: key, value, source."""
+def _print_image_scores(console: Console, report: ReconstructReport, m: ImageMetrics) -> None:
+    """The matched per-image scores, the identification lineup and the no-attack baseline."""
+    table = Table(title="reconstruction vs truth (matched one-to-one)", title_justify="left")
+    for col in ("image", "PSNR dB", "SSIM", "LPIPS"):
+        table.add_column(col, justify="right")
+    lp = m.lpips or [None] * len(m.psnr)
+    for i, (p, s, v) in enumerate(zip(m.psnr, m.ssim, lp, strict=True)):
+        table.add_row(str(i), fmt_number(p, 2), fmt_number(s, 4), fmt_number(v, 4))
+    mean = m.mean
+    table.add_row("[bold]mean[/]", fmt_number(mean.psnr, 2), fmt_number(mean.ssim, 4), fmt_number(mean.lpips, 4))
+    console.print(table)
+    if m.lpips is None:
+        console.print(f"[yellow]LPIPS not computed:[/] {m.lpips_info.get('unavailable')}", soft_wrap=True)
+    ident = report.identification
+    if not ident:
+        console.print("[dim]identification not scored: it needs --aux data for distractors (lineup.png)[/]",
+                      soft_wrap=True)
+    else:
+        low, high = ident["interval"]
+        console.print(f"[bold]identification:[/] {ident['identified']:g} of {ident['n']} true images picked out "
+                      f"of lineups of {ident['distractors'] + 1} (rate {ident['rate']:.2f}, "
+                      f"{100 * ident['level']:.0f} % interval [{low:.2f}, {high:.2f}], chance "
+                      f"{ident['chance']:.2f}; distractors: {ident['lineup']})", soft_wrap=True)
+    base = report.baseline
+    if base is not None and base.statement:
+        console.print(f"[bold red]{base.statement}[/]", soft_wrap=True)
+    elif base is not None:
+        console.print(f"baseline ({base.kind}): {base.psnr:.2f} dB", soft_wrap=True)
+
+
+def print_audit_config(console: Console, resolved: Resolved[Any]) -> None:
+    """The effective configuration as a table: key, value, source (what ``--show-config`` prints)."""
     table = Table(title="gleak audit: effective configuration", title_justify="left")
     for col in ("key", "value", "from"):
         table.add_column(col, overflow="fold")
-    for key in keys:
-        value = effective[key]
+    for key, entry in resolved.shown().items():
+        value = entry["value"]
+        if isinstance(value, dict):
+            value = [f"{k}={v}" for k, v in value.items()]
         shown = ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
-        table.add_row(key.replace("_", "-"), escape(shown if value not in (None, []) else "—"), escape(sources[key]))
+        table.add_row(key.replace("_", "-"), escape(shown if value not in (None, []) else "—"), escape(entry["from"]))
     console.print(table)
 
 
@@ -405,7 +418,7 @@ def _status(status: str) -> str:
     return f"[{style}]{status}[/]"
 
 
-def print_inspect(console: Console, info: Mapping[str, Any], verbose: bool,
+def print_inspect(console: Console, report: InspectReport, verbose: bool,
                   meanings: Mapping[str, str] | None = None) -> None:
     """`gleak inspect`: the capture, the model check, the last layer, the metadata (with -v what each key
     means), the attacks that apply and (with -v) every tensor."""
@@ -413,32 +426,32 @@ def print_inspect(console: Console, info: Mapping[str, Any], verbose: bool,
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
-    summary.add_row("kind", info["kind"])
-    summary.add_row("tensors", f"{info['num_tensors']} ({info['num_parameters']:,} parameter values)")
-    summary.add_row("batch size", str(info["batch_size"] if info["batch_size"] is not None else "unknown"))
-    summary.add_row("local steps", str(info["local_steps"]))
-    summary.add_row("ground truth", info["truth_file"] or "none found")
-    model = info["model"]
-    if model:
+    summary.add_row("kind", report.kind)
+    summary.add_row("tensors", f"{report.num_tensors} ({report.num_parameters:,} parameter values)")
+    summary.add_row("batch size", str(report.batch_size if report.batch_size is not None else "unknown"))
+    summary.add_row("local steps", str(report.local_steps))
+    summary.add_row("ground truth", report.truth_file or "none found")
+    model = report.model
+    if model is not None:
         match = {None: "[yellow]the capture records no model hash[/]",
                  True: "[green]weights match the capture's model[/]",
                  False: "[red]weights differ from the model the capture was made with "
-                        "(--allow-model-mismatch)[/]"}[model["matches_capture"]]
-        summary.add_row("model", f"{model['file']} ({model['source']})")
+                        "(--allow-model-mismatch)[/]"}[model.matches_capture]
+        summary.add_row("model", f"{model.file} ({model.source})")
         summary.add_row("", match)
-        if model.get("mode"):
-            summary.add_row("", escape(model["mode"]["note"]))
-    console.print(Panel(summary, title=f"gleak inspect — {info['file']}", expand=False))
+        if model.mode is not None:
+            summary.add_row("", escape(model.mode.note))
+    console.print(Panel(summary, title=f"gleak inspect — {report.file}", expand=False))
 
-    layer = info["last_layer"]
+    layer = report.last_layer
     table = Table(title="Last fully-connected layer", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("layer", layer["name"])
-    table.add_row("weight", f"{layer['weight_key']}  {layer['weight_shape']}  (C = {layer['num_classes']}, "
-                  f"d = {layer['feature_dim']})")
-    table.add_row("bias", layer["bias_key"] or "none")
-    table.add_row("why", layer["reason"])
+    table.add_row("layer", layer.name)
+    table.add_row("weight", f"{layer.weight_key}  {layer.weight_shape}  (C = {layer.num_classes}, "
+                  f"d = {layer.feature_dim})")
+    table.add_row("bias", layer.bias_key or "none")
+    table.add_row("why", layer.reason)
     console.print(table)
 
     meta = Table(title="Metadata", title_justify="left")
@@ -446,19 +459,19 @@ def print_inspect(console: Console, info: Mapping[str, Any], verbose: bool,
     meta.add_column("value")
     if verbose:
         meta.add_column("meaning", style="dim")
-    for key, value in info["metadata"].items():
+    for key, value in report.metadata.items():
         meta.add_row(key, _short(value), *([(meanings or {}).get(key, "")] if verbose else []))
-    for key, value in info["unknown_metadata"].items():
+    for key, value in report.unknown_metadata.items():
         meta.add_row(key, _short(value), *(["[yellow]unknown key, kept as is[/]"] if verbose else []))
-    if info["unknown_metadata"] and not verbose:
-        meta.caption = f"{len(info['unknown_metadata'])} unknown key(s) kept as is (last rows); -v explains each key"
+    if report.unknown_metadata and not verbose:
+        meta.caption = f"{len(report.unknown_metadata)} unknown key(s) kept as is (last rows); -v explains each key"
     console.print(meta)
 
-    if info.get("attacks"):
+    if report.attacks:
         attacks = Table(title="Attacks (with --aux where needed)", title_justify="left", show_header=False)
         attacks.add_column(style="bold")
         attacks.add_column()
-        for name, reason in info["attacks"].items():
+        for name, reason in report.attacks.items():
             attacks.add_row(name, "[green]applies[/]" if reason is None else f"[dim]not applicable: {reason}[/]")
         console.print(attacks)
 
@@ -467,8 +480,8 @@ def print_inspect(console: Console, info: Mapping[str, Any], verbose: bool,
         tensors.add_column("name")
         tensors.add_column("shape")
         tensors.add_column("dtype")
-        for t in info["tensors"]:
-            tensors.add_row(t["name"], str(t["shape"]), t["dtype"])
+        for t in report.tensors:
+            tensors.add_row(t.name, str(t.shape), t.dtype)
         console.print(tensors)
 
 

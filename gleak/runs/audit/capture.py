@@ -29,7 +29,7 @@ from gleak.report.privacy import terms_of
 from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
-from gleak.runs.inputs import default_max_memory, resolve_device, soft_truth
+from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import NO_LINEUP, finite, identification_of
 
@@ -77,8 +77,10 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     :mod:`gleak.integrations.flower`); ``name`` labels it in the report. Bad input becomes an error entry.
     ``cache`` (kept by the caller across captures) shares the auxiliary set's model forwards between captures
     made with the same model weights and forward mode; ``calibration_cache`` (the caller's too, bounded) shares
-    the label attacks' calibrations (``config.confidence``) between them; None: each capture calibrates afresh."""
+    the label attacks' calibrations (``config.confidence``) between them; None: each capture calibrates afresh.
+    A config not yet :meth:`~gleak.runs.audit.AuditConfig.resolved` is resolved here, for this capture."""
     started = time.perf_counter() if started is None else started
+    config = config.resolved()
     label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
     report = report or CaptureReport(capture=FileRef(path=label), round=capture.get("gleak.fl.round"),
                                      client=capture.get("gleak.fl.client_id"),
@@ -92,7 +94,7 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     try:
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
                             allow_model_mismatch=config.allow_model_mismatch,
-                            max_memory=config.max_memory if config.max_memory is not None else default_max_memory())
+                            max_memory=config.memory_limit)
         aux = pick_aux(auxes, ctx.input_shape, ctx.num_classes)
         if aux is not None:
             ctx = ctx.with_aux(aux[1], _shared_forwards(cache, loaded, aux, ctx))

@@ -42,8 +42,8 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
                     seed=config.seed, device=str(resolve_device(config.device)),
                     threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs, executor=executor)
     store = ModelSet.load(model_files, config, hashes=hashes)  # every file hashed once, one model in memory at a time
-    setup = WorkerSetup(tuple(model_files), tuple(aux_paths), config, torch.get_num_threads(),
-                        tuple(store.index.items()))
+    setup = WorkerSetup(model_files=tuple(model_files), aux_paths=tuple(aux_paths), config=config,
+                        threads=torch.get_num_threads(), index=tuple(store.index.items()))
     del store
     results: list[CaptureResult | None] = [None] * len(files)
     stats: dict[str, int] = {}

@@ -4,35 +4,26 @@ weights' hash and picks the auxiliary data that fits it."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import typing
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.capture import Capture
 from gleak.data import Dataset
-from gleak.errors import GleakError, Origin, choose
+from gleak.errors import GleakError, Origin
 from gleak.io import probe_input, safetensors_kind, show
 from gleak.models import LoadedModel, load_model
-from gleak.report.model import (
-    FAIL_ROUNDS_EXPECTED,
-    SEVERITIES,
-    Budget,
-    ExecutorName,
-    FailOn,
-    Thresholds,
-    normal_fail_rounds,
-)
-from gleak.runs.inputs import default_max_memory
+from gleak.runs.inputs import memory_limit
+from gleak.settings.audit import AuditSettings
+from gleak.settings.values import BUDGETS, EXECUTORS, FAIL_ON, FAIL_ROUNDS_EXPECTED, normal_fail_rounds
 
-BUDGETS: tuple[Budget, ...] = typing.get_args(Budget)
-FAIL_ON: tuple[FailOn, ...] = (*SEVERITIES, "none")
-EXECUTORS: tuple[ExecutorName, ...] = typing.get_args(ExecutorName)
+__all__ = ["BUDGETS", "EXECUTORS", "FAIL_ON", "AuditConfig", "HashCache", "ModelSet", "find_captures", "find_models",
+           "parse_fail_rounds"]
 # budget -> iterations of the bounded gradient-matching run (None: the attack's default); quick runs none
 STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
 # budget -> twin batches simulated to expect the image leakage of a capture without truth (quick: none)
@@ -40,52 +31,25 @@ EXPECTED_TWINS: dict[str, int] = {"quick": 0, "standard": 2, "full": 4}
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
 CAPTURE_KINDS = ("gradient", "update")
 FORWARD_CACHE_ENTRIES = 8  # (model, aux, mode) combinations whose aux forwards an audit keeps
-DEFAULT_MODEL_CACHE = 4  # models kept loaded at once (--model-cache); the others are loaded when needed
 GLOB_CHARACTERS = frozenset("*?[")
 
 
-@dataclass
-class AuditConfig:
-    """What to run and how to judge it. Constructing one only checks the values; it probes nothing (``max_memory``
-    None is resolved by :meth:`resolved`, once, where an audit starts: :func:`~gleak.runs.audit.run_audit`)."""
+class AuditConfig(AuditSettings):
+    """What to run and how to judge it: the audit's settings (:class:`~gleak.settings.AuditSettings`, each declared
+    once) and the command line that asked for it. Constructing one checks the values (a bad one is a GleakError
+    naming the setting) and probes nothing: the memory an attack may add is resolved by :meth:`resolved`, once,
+    where an audit starts (:func:`~gleak.runs.audit.run_audit`)."""
 
-    budget: Budget = "quick"
-    fail_on: FailOn = "high"
-    fail_rounds: str = "any"  # the rounds the gate looks at: any, last:K or all (parse_fail_rounds)
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    seed: int = 0
-    device: str = "auto"
-    lpips: str = "alex"
-    allow_model_mismatch: bool = False
-    trust_pickle: bool = False
-    arch: str | None = None
-    arch_kwargs: str | None = None
-    command: list[str] = field(default_factory=list)
-    options: dict[str, dict[str, str]] = field(default_factory=dict)  # -O ATTACK.KEY=VALUE, validated by the CLI
-    confidence: int = 24  # simulated batches that calibrate the label attacks when there is no truth (0: off)
-    max_memory: int | None = None  # bytes an attack may add (None: the default, resolved when the audit starts)
-    lineup: int = 9  # K distractors beside each true image in the identification lineup (chance 1 / (K + 1))
-    model_cache: int = DEFAULT_MODEL_CACHE  # models kept loaded at once; others are loaded when a capture needs them
-    max_epsilon: float | None = None  # the privacy budget: GLEAK-DP-BUDGET for a client whose run ε exceeds it
-
-    def __post_init__(self) -> None:
-        choose(self.budget, BUDGETS, "--budget")  # a library caller's string is checked as the CLI's is
-        choose(self.fail_on, FAIL_ON, "--fail-on")
-        self.fail_rounds = parse_fail_rounds(self.fail_rounds)
-        if self.model_cache < 1:
-            raise GleakError(f"--model-cache must be ≥ 1, got {self.model_cache}")
-        if self.max_epsilon is not None and not (math.isfinite(self.max_epsilon) and self.max_epsilon > 0):
-            raise GleakError(f"--max-epsilon must be a finite number > 0, got {self.max_epsilon!r}")
-        if not 1 <= self.lineup <= 99:
-            raise GleakError(f"--lineup must be between 1 and 99 distractors, got {self.lineup}")
+    command: list[str] = Field(default_factory=list)
+    memory_limit: int | None = None  # bytes an attack may add, filled by resolved() (max_memory, else the default)
 
     def resolved(self) -> AuditConfig:
-        """This config with its defaults that depend on the machine filled in: ``max_memory`` None becomes
-        :func:`~gleak.runs.inputs.default_max_memory` (half the memory available now), probed here, so every
+        """This config with the memory limit filled in: ``max_memory`` GB, else
+        :func:`~gleak.runs.inputs.memory_limit`'s default (half the memory available now), probed here, so every
         capture of the audit gets the same budget. Itself when there is nothing to resolve."""
-        if self.max_memory is not None:
+        if self.memory_limit is not None:
             return self
-        return dataclasses.replace(self, max_memory=default_max_memory())
+        return self.model_copy(update={"memory_limit": memory_limit(self.max_memory)})
 
     def attack_options(self, name: str, budget: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What configures attack ``name``: the budget's bounds (e.g. ``{"iterations": 500}``), then the user's
@@ -211,7 +175,7 @@ class ModelSet:
     hashes: HashCache = field(default_factory=HashCache, repr=False)  # files already hashed (this run's own)
     files: list[Path] = field(default_factory=list)
     config: AuditConfig | None = None
-    cache_size: int = DEFAULT_MODEL_CACHE
+    cache_size: int = AuditSettings.model_fields["model_cache"].default
     index: dict[Path, str] = field(default_factory=dict)  # file -> weights sha256
     loads: int = 0  # models loaded from files so far (indexing included)
     _lru: OrderedDict[Path, LoadedModel] = field(default_factory=OrderedDict, repr=False)

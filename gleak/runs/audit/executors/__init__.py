@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from gleak.runs.audit.setup import AuditConfig, ModelSet
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True, frozen=True)
 class WorkerSetup:
     """What every worker starts from — paths, never model objects (a torch.export program cannot be pickled, and
     a run's hundred global models need not travel): the model files with the index of their weights' hashes,
