@@ -76,7 +76,7 @@ class Origin:
     def bad(self, value: object, problem: str, hint: str = "") -> str:
         """One line for a bad value: ``--fail-on must be one of …, got 'hihg'; did you mean 'high'?``,
         ``GLEAK_FAIL_ON='hihg' must be one of …; did you mean 'high'?`` or ``pyproject.toml [tool.gleak.audit] key
-        'fail-on': must be one of …, got 'hihg'; did you mean 'high'?`` (as :mod:`gleak.config` words the
+        'fail-on': must be one of …, got 'hihg'; did you mean 'high'?`` (as :mod:`gleak.settings.files` words the
         problems it finds when it reads the file)."""
         shown = shorten(repr(value), 60)
         if self.table is not None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -20,6 +21,7 @@ from gleak.generator.file import check_fits, load_generator
 from gleak.generator.train import aux_features
 from gleak.io import read_safetensors, save_safetensors, tensors_sha256
 from gleak.models import find_last_layer, load_model
+from gleak.report.model import SCHEMA_PATH, TrainGeneratorReport
 from gleak.runs import train_generator as train_generator_run
 
 from .conftest import CIFAR, CNN, FEDSGD, LENET, MNIST_AUX, ROOT, Result
@@ -81,6 +83,9 @@ def test_train_records_provenance_and_json_agrees(trained) -> None:
         assert float(m[f"gleak.train.{key}"]) == data[key]
     assert data["report"] == "train-generator" and data["file"] == str(out) and data["device"] == "cpu"
     assert data["threads"] >= 1 and data["seconds"] > 0 and len(data["history"]) == 2
+    # the JSON is the typed report's, in the shipped schema (the fine-tuning settings only with --loss rgla)
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    assert TrainGeneratorReport.model_validate(data).to_json() == data and "finetune_epochs" not in data["settings"]
     # -v without a terminal: one plain line per epoch on stderr, no bar
     epochs = [line for line in r.stderr.splitlines() if line.startswith("epoch ")]
     assert [line.split(":")[0] for line in epochs] == ["epoch 1/2", "epoch 2/2"]

@@ -17,7 +17,7 @@ def attacks(format: Annotated[str, typer.Option("--format", help="table or json.
 
     rows = describe_attacks()
     if format == "json":
-        print_json(rows)
+        print_json([row.to_json() for row in rows])
         return
     if format != "table":
         raise GleakError(f"--format must be table or json, got '{format}'")

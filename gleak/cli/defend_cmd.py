@@ -49,7 +49,7 @@ def defenses(format: Annotated[str, typer.Option("--format", help="table or json
 
     rows = describe_defenses()
     if format == "json":
-        print_json(rows)
+        print_json([row.to_json() for row in rows])
         return
     if format != "table":
         raise GleakError(f"--format must be table or json, got '{format}'")

@@ -32,6 +32,7 @@ from gleak.errors import GleakError, shorten
 
 if TYPE_CHECKING:
     from gleak.generator.train import TrainSettings
+    from gleak.report.model import TrainGeneratorReport
     from gleak.runs.train_generator import TrainGeneratorRequest
 else:  # imported on first use: the CLI starts without torch
     TrainSettings = deferred("gleak.generator.train", "TrainSettings")
@@ -108,7 +109,7 @@ def train_generator(
         output=output, settings=settings, fc_layer=fc_layer, device=device, force=force)
     report = _run_with_progress(request, not quiet and err_console.is_terminal, verbose and not quiet)
     if format == "json":
-        print_json(report)
+        print_json(report.to_json())
     else:  # --quiet too: the summary is the command's result
         from gleak.report.formats.console import print_train_generator
 
@@ -131,7 +132,7 @@ class _NoBar:
         return None
 
 
-def _run_with_progress(request: TrainGeneratorRequest, show_bar: bool, verbose: bool) -> dict[str, Any]:
+def _run_with_progress(request: TrainGeneratorRequest, show_bar: bool, verbose: bool) -> TrainGeneratorReport:
     """run_train_generator under a progress bar (on a terminal) or, with -v, one plain line per epoch on stderr."""
     from rich.progress import TimeRemainingColumn
 

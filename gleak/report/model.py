@@ -1,12 +1,12 @@
 """The reports: versioned, typed result models (pydantic v2) behind every JSON document gleak writes.
 
 ``Report`` is what ``gleak audit`` builds and what the formatters in :mod:`gleak.report.formats` read;
-``LabelsReport``, ``ReconstructReport``, ``InspectReport`` and ``SweepReport`` are the JSON of ``gleak labels``,
-``gleak reconstruct`` (stdout and ``metrics.json``), ``gleak inspect`` and ``gleak sweep`` (``sweep.json``). Every one
-starts with the same header (``schema_version``, ``tool``, ``gleak_version`` and ``report``, naming the model). One
-JSON Schema covering them all (``oneOf``) ships as ``gleak/report/schema.json`` (regenerate with
-``python -m gleak.report.model``); tests check that the shipped file matches the models and validate every JSON gleak
-writes against it.
+``LabelsReport``, ``ReconstructReport``, ``InspectReport``, ``SweepReport`` and ``TrainGeneratorReport`` are the JSON
+of ``gleak labels``, ``gleak reconstruct`` (stdout and ``metrics.json``), ``gleak inspect``, ``gleak sweep``
+(``sweep.json``) and ``gleak train-generator``. Every one starts with the same header (``schema_version``, ``tool``,
+``gleak_version`` and ``report``, naming the model). One JSON Schema covering them all (``oneOf``) ships as
+``gleak/report/schema.json`` (regenerate with ``python -m gleak.report.model``); tests check that the shipped file
+matches the models and validate every JSON gleak writes against it.
 
 Untrusted text (file names, metadata, reasons quoting them) is stored as given: escaping is each formatter's
 job (HTML, Markdown, XML), never the model's.
@@ -556,6 +556,109 @@ class ErrorReport(CommandReport):
     error: ErrorDetail
 
 
+# ------------------------------------------------------------------------ train-generator
+class TrainExamples(_Model):
+    total: int
+    train: int
+    heldout: int
+
+
+class TrainGeneratorSettings(_Model):
+    """How the decoder was trained (``gleak.generator.train.TrainSettings``; the fine-tuning keys with rgla only)."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    holdout: float
+    width: int
+    res_blocks: int
+    loss: Literal["mse", "rgla"]
+    finetune_epochs: int | None = Field(None, description="--loss rgla only")
+    finetune_lr: float | None = Field(None, description="--loss rgla only")
+    seed: int
+
+
+class TrainEpoch(_Model):
+    phase: str = Field(description="mse, or the fine-tuning loss")
+    epoch: int
+    loss: float = Field(description="the epoch's mean training loss")
+    heldout_mse: float | None
+
+
+class TrainGeneratorReport(CommandReport):
+    """``gleak train-generator``: the generator file written, the model and layer it is bound to, the auxiliary
+    data, the training settings and its scores."""
+
+    report: Literal["train-generator"] = "train-generator"
+    file: str
+    model: str
+    model_sha256: str
+    layer: str
+    feature_dim: int
+    num_classes: int
+    aux: str
+    aux_sha256: str
+    image_shape: list[int]
+    mean: list[float]
+    std: list[float]
+    examples: TrainExamples
+    settings: TrainGeneratorSettings
+    train_loss: float
+    train_mse: float
+    heldout_mse: float | None
+    heldout_psnr: float | None
+    baseline_psnr: float | None = Field(description="PSNR of predicting the training images' mean image")
+    baseline_beaten: bool | None
+    seconds: float = Field(description="training")
+    total_seconds: float
+    threads: int
+    device: str
+    history: list[TrainEpoch]
+    notes: list[str]
+
+
+# ------------------------------------------------------------------------ the registries (attacks, defenses)
+class OptionInfo(_Model):
+    """One option of an attack or a defense (``gleak.registry.describe_options``)."""
+
+    name: str
+    type: str
+    default: bool | int | float | str | None = Field(description="null: chosen automatically")
+    help: str
+    range: str | None = Field(None, description="the allowed range; absent where there is none")
+
+
+class AttackInfo(_Model):
+    """``gleak attacks``: one registered attack."""
+
+    name: str
+    task: Literal["labels", "reconstruct"]
+    summary: str
+    requires: list[str]
+    paper: str
+    options: list[OptionInfo]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data, as the registry gives it (an option's range only where it has one)."""
+        return self.model_dump(exclude_unset=True)
+
+
+class DefenseInfo(_Model):
+    """``gleak defenses``: one registered defense (``Defense.describe``)."""
+
+    name: str
+    summary: str
+    kind: Literal["contribution", "training"]
+    strength: str | None = Field(description="the option a sweep varies")
+    also_sweeps: list[str]
+    source: str
+    options: list[OptionInfo]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data, as the registry gives it (an option's range only where it has one)."""
+        return self.model_dump(exclude_unset=True)
+
+
 # ------------------------------------------------------------------------ sweep
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"  # defense, attack and option names (registry names)
 SweepMetric = Literal["iacc", "identification_kappa", "psnr"]
@@ -680,18 +783,19 @@ class SweepReport(CommandReport):
 
 
 REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, ReconstructReport, InspectReport, SweepReport,
-                                        ErrorReport)
+                                        TrainGeneratorReport, ErrorReport)
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of every report (one of the four), as shipped in ``schema.json``."""
+    """The JSON Schema (draft 2020-12) of every report (one of :data:`REPORTS`), as shipped in ``schema.json``."""
     _, defs = models_json_schema([(m, "validation") for m in REPORTS], ref_template="#/$defs/{model}")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://gleak.invalid/report/v{SCHEMA_VERSION}/schema.json",
         "title": "gleak report",
-        "description": "A JSON document gleak writes: the audit, labels, reconstruct, inspect or sweep report, or "
-                       "the error of a command run with --format json (the key 'report' names which).",
+        "description": "A JSON document gleak writes: the audit, labels, reconstruct, inspect, sweep or "
+                       "train-generator report, or the error of a command run with --format json (the key 'report' "
+                       "names which).",
         "oneOf": [{"$ref": f"#/$defs/{m.__name__}"} for m in REPORTS],
         "$defs": defs["$defs"],
     }

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from gleak.attacks import REGISTRY
 from gleak.registry import describe_options
+from gleak.report.model import AttackInfo
 
 
-def describe_attacks() -> list[dict[str, Any]]:
+def describe_attacks() -> list[AttackInfo]:
     """One entry per registered attack, in registration order: name, task, summary, requirements, paper and its
     options (name, type, default, range, help)."""
-    return [{"name": cls.name, "task": cls.task, "summary": cls.summary, "requires": cls.requires.describe(),
-             "paper": cls.paper, "options": describe_options(cls)} for cls in REGISTRY.values()]
+    return [AttackInfo.model_validate({"name": cls.name, "task": cls.task, "summary": cls.summary,
+                                       "requires": cls.requires.describe(), "paper": cls.paper,
+                                       "options": describe_options(cls)}) for cls in REGISTRY.values()]

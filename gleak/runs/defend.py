@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gleak.capture import Capture, load_capture, load_truth, save_capture, save_truth, truth_path_for
 from gleak.defenses import DEFENSES, Defense, apply_defenses, contribution_distortion
 from gleak.errors import GleakError
 from gleak.io import OutputSet, check_writable, companion_exists
+from gleak.report.model import DefenseInfo
 
 
 @dataclass
@@ -47,7 +47,8 @@ def run_defend(source: Path, defenses: list[Defense], output: Path, seed: int = 
     return DefendRun(defended, written, contribution_distortion(capture, defended))
 
 
-def describe_defenses() -> list[dict[str, Any]]:
+def describe_defenses() -> list[DefenseInfo]:
     """One entry per registered defense: name, summary, kind (contribution or training), the option a sweep
     varies, where it comes from, and its options (name, type, default, range, help)."""
-    return [cls.describe() for cls in sorted(DEFENSES.values(), key=lambda c: c.training)]  # contribution first
+    ordered = sorted(DEFENSES.values(), key=lambda c: c.training)  # contribution first
+    return [DefenseInfo.model_validate(cls.describe()) for cls in ordered]

@@ -1,6 +1,6 @@
 """The run behind ``gleak train-generator``: features of the auxiliary images through the model's last layer,
 a feature-to-image decoder trained on them (:mod:`gleak.generator.train`), and the generator file bound to the
-model's weights and last layer; the run's summary as plain JSON data."""
+model's weights and last layer; the run's summary as a :class:`gleak.report.model.TrainGeneratorReport`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from gleak.generator.file import save_generator
 from gleak.generator.train import TrainResult, TrainSettings, aux_features, train_decoder
 from gleak.io import safetensors_kind, show, tensors_sha256
 from gleak.models import LastLayer, find_last_layer, load_model
-from gleak.report.model import SCHEMA_VERSION
+from gleak.report.model import TrainGeneratorReport
 from gleak.runs.inputs import ModelSpec, resolve_device
 
 OTHER_KINDS = {"gradient": "a capture", "update": "a capture", "truth": "a ground-truth file",
@@ -54,7 +54,7 @@ def load_aux(path: Path) -> Dataset:
 
 
 def run_train_generator(request: TrainGeneratorRequest, on_features: Callable[[int], None] | None = None,
-                        on_epoch: EpochCallback | None = None) -> dict[str, Any]:
+                        on_epoch: EpochCallback | None = None) -> TrainGeneratorReport:
     """Load, train, write the generator file; the summary. ``on_features`` is called with the number of
     auxiliary images before their features are computed, ``on_epoch`` after every epoch."""
     started = time.perf_counter()
@@ -108,18 +108,15 @@ def run_train_generator(request: TrainGeneratorRequest, on_features: Callable[[i
 
 def _report(written: Path, model: Path, model_sha: str, layer: LastLayer, aux: Path, aux_sha: str, data: Dataset,
             settings: TrainSettings, result: TrainResult, device: torch.device, notes: list[str],
-            total_seconds: float) -> dict[str, Any]:
-    """The run's summary (the JSON printed with --format json; the table renders the same)."""
-    from gleak import __version__
-
+            total_seconds: float) -> TrainGeneratorReport:
+    """The run's summary (its JSON is printed with --format json; the table renders the same)."""
     def num(value: float | None, digits: int) -> float | None:
         return None if value is None else round(value, digits)
 
     beaten = None
     if result.heldout_psnr is not None and result.baseline_psnr is not None:
         beaten = result.heldout_psnr > result.baseline_psnr
-    return {
-        "schema_version": SCHEMA_VERSION, "tool": "gleak", "gleak_version": __version__, "report": "train-generator",
+    return TrainGeneratorReport.build({
         "file": str(written), "model": str(model), "model_sha256": model_sha, "layer": layer.name,
         "feature_dim": int(layer.feature_dim), "num_classes": int(layer.num_classes),
         "aux": str(aux), "aux_sha256": aux_sha, "image_shape": list(data.input_shape),
@@ -135,4 +132,4 @@ def _report(written: Path, model: Path, model_sha: str, layer: LastLayer, aux: P
         "history": [{**h, "loss": num(h["loss"], 8), "heldout_mse": num(h["heldout_mse"], 8)}
                     for h in result.history],
         "notes": notes,
-    }
+    })

@@ -17,12 +17,15 @@ from rich.table import Table
 
 from gleak.report.formats.text import fmt_number
 from gleak.report.model import (
+    AttackInfo,
+    DefenseInfo,
     ImageMetrics,
     InspectReport,
     LabelResult,
     LabelsReport,
     ReconstructReport,
     Report,
+    TrainGeneratorReport,
 )
 from gleak.settings.declare import Resolved
 
@@ -490,37 +493,37 @@ def _short(value: Any, limit: int = 70) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def print_train_generator(console: Console, r: Mapping[str, Any]) -> None:
+def print_train_generator(console: Console, r: TrainGeneratorReport) -> None:
     """`gleak train-generator`: the file written, the model and layer, the data, the training and its scores."""
-    s = r["settings"]
-    ex = r["examples"]
-    train = f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} on pixel MSE"
-    if s["loss"] == "rgla":
-        train += f" + {s['finetune_epochs']} rgla fine-tune"
-    train += f" (batch {s['batch_size']}, lr {s['lr']:g}, seed {s['seed']}): final train loss {r['train_loss']:.4e}"
-    if r["heldout_psnr"] is not None:
-        held = f"MSE {r['heldout_mse']:.4e}, PSNR {r['heldout_psnr']:.2f} dB"
-        if r["baseline_psnr"] is not None:
-            held += f" (mean-image baseline {r['baseline_psnr']:.2f} dB)"
+    s = r.settings
+    ex = r.examples
+    train = f"{s.epochs} epoch{'s' if s.epochs != 1 else ''} on pixel MSE"
+    if s.loss == "rgla":
+        train += f" + {s.finetune_epochs} rgla fine-tune"
+    train += f" (batch {s.batch_size}, lr {s.lr:g}, seed {s.seed}): final train loss {r.train_loss:.4e}"
+    if r.heldout_psnr is not None:
+        held = f"MSE {r.heldout_mse:.4e}, PSNR {r.heldout_psnr:.2f} dB"
+        if r.baseline_psnr is not None:
+            held += f" (mean-image baseline {r.baseline_psnr:.2f} dB)"
     else:
         held = "—"
-    threads = f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}"
+    threads = f"{r.threads} thread{'s' if r.threads != 1 else ''}"
     rows = [
-        ("wrote", r["file"]),
-        ("model", f"{r['model']} (weights sha256 {r['model_sha256'][:12]}…)"),
-        ("layer", f"{r['layer']}: {r['feature_dim']} features → {r['num_classes']} classes"),
-        ("images", f"{r['image_shape']} from {r['aux']}: {ex['train']} train, {ex['heldout']} held out"),
+        ("wrote", r.file),
+        ("model", f"{r.model} (weights sha256 {r.model_sha256[:12]}…)"),
+        ("layer", f"{r.layer}: {r.feature_dim} features → {r.num_classes} classes"),
+        ("images", f"{r.image_shape} from {r.aux}: {ex.train} train, {ex.heldout} held out"),
         ("training", train),
         ("held-out", held),
-        ("time", f"{r['seconds']:.1f} s training ({r['total_seconds']:.1f} s in all) on {r['device']}, {threads}"),
+        ("time", f"{r.seconds:.1f} s training ({r.total_seconds:.1f} s in all) on {r.device}, {threads}"),
     ]
     for key, value in rows:
         console.print(f"[bold]{key:<9}[/] {escape(value)}", soft_wrap=True)
-    for note in r["notes"]:
+    for note in r.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
 
-def print_defenses(console: Console, rows: Sequence[Mapping[str, Any]]) -> None:
+def print_defenses(console: Console, rows: Sequence[DefenseInfo]) -> None:
     """`gleak defenses`: one row per defense with what it does, its source and its options (with defaults)."""
     from gleak.registry import format_default
 
@@ -528,16 +531,16 @@ def print_defenses(console: Console, rows: Sequence[Mapping[str, Any]]) -> None:
     for col in ("defense", "acts on", "what it does / source"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        options = "".join(f"\n[cyan]{escape(o['name'])}={escape(format_default(o['default']))}[/]"
-                          + (" [bold](strength)[/]" if o["name"] == r["strength"] else "")
-                          + f"  {escape(o['help'])}" for o in r["options"])
-        acts = "training (DP-SGD)" if r["kind"] == "training" else "the contribution"
-        table.add_row(f"[bold]{r['name']}[/]", acts, f"{escape(r['summary'])}\n[dim]{escape(r['source'])}[/]{options}")
+        options = "".join(f"\n[cyan]{escape(o.name)}={escape(format_default(o.default))}[/]"
+                          + (" [bold](strength)[/]" if o.name == r.strength else "")
+                          + f"  {escape(o.help)}" for o in r.options)
+        acts = "training (DP-SGD)" if r.kind == "training" else "the contribution"
+        table.add_row(f"[bold]{r.name}[/]", acts, f"{escape(r.summary)}\n[dim]{escape(r.source)}[/]{options}")
     console.print(table)
     console.print("[dim]spec: --defense NAME[:KEY=VALUE,...] (gleak defend, gleak simulate)[/]")
 
 
-def print_attacks(console: Console, rows: Sequence[Mapping[str, Any]]) -> None:
+def print_attacks(console: Console, rows: Sequence[AttackInfo]) -> None:
     """`gleak attacks`: one row per attack with its task, needs, summary, paper and options (with defaults)."""
     from gleak.registry import format_default
 
@@ -545,9 +548,9 @@ def print_attacks(console: Console, rows: Sequence[Mapping[str, Any]]) -> None:
     for col in ("attack", "task", "needs", "what it does / paper"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        options = "".join(f"\n[cyan]{escape(o['name'])}={escape(format_default(o['default']))}[/]  "
-                          f"{escape(o['help'])}" for o in r["options"])
-        table.add_row(f"[bold]{r['name']}[/]", r["task"], ", ".join(r["requires"]),
-                      f"{escape(r['summary'])}\n[dim]{escape(r['paper'])}[/]{options}")
+        options = "".join(f"\n[cyan]{escape(o.name)}={escape(format_default(o.default))}[/]  "
+                          f"{escape(o.help)}" for o in r.options)
+        table.add_row(f"[bold]{r.name}[/]", r.task, ", ".join(r.requires),
+                      f"{escape(r.summary)}\n[dim]{escape(r.paper)}[/]{options}")
     console.print(table)
     console.print("[dim]set an option with -O ATTACK.KEY=VALUE (gleak labels, gleak reconstruct)[/]")
