@@ -54,7 +54,7 @@ fl-run: setup
 		-o out/fl-run/audit --format table,html,json,md --force
 
 # the fast suite (about 2 minutes on 2 cores), then the integration tests: a Flower simulation, NVFlare's classes,
-# a local Ray instance (lock/all.txt: the locked versions with the extras flower, nvflare, ray and docs)
+# a local Ray instance (lock/all.txt: the locked versions with the extras flower, nvflare, ray, text and docs)
 test: setup
 	GLEAK_LOCK=all bash scripts/setup-venv.sh
 	$(BIN)/pytest

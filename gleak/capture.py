@@ -39,6 +39,8 @@ from gleak.reproducible import created_at
 SCHEMA_VERSION = 1
 KINDS = ("gradient", "update")
 TRUTH_KIND = "truth"
+TEXT_TASKS = ("causal_lm", "sequence_classification")
+IGNORE_INDEX = -100  # the Hugging Face convention: a target that the loss skips (pads)
 SHA256_HEX = frozenset("0123456789abcdef")
 
 
@@ -120,6 +122,20 @@ SCHEMA: dict[str, Field] = {
     "gleak.created_at": Field("str", "ISO-8601 creation time"),
     "gleak.seed": Field("int", "seed of the simulation that produced the file"),
     "gleak.capture.sha256": Field("sha256", "truth files: sha256 of the bytes of the capture file they belong to"),
+    # text (token batches; docs/capture-format.md, "Captures of token batches")
+    "gleak.modality": Field("enum", "what the client trained on: text (token batches); absent: images",
+                            ("image", "text"), default="image"),
+    "gleak.task": Field("enum", "text: the loss; causal_lm = next-token cross-entropy, mean over non-pad targets; "
+                        "sequence_classification = cross-entropy of one label per sequence, mean over B",
+                        TEXT_TASKS),
+    "gleak.vocab_size": Field("int", "text: vocabulary size V (rows of the input embedding)", minimum=1,
+                              maximum=16_777_216),
+    "gleak.tokenizer.sha256": Field("sha256", "text: sha256 over the tokenizer's files (gleak.models.text."
+                                    "tokenizer_sha256)"),
+    "gleak.tokenizer.padding_side": Field("enum", "text: the side pads were added on", ("left", "right")),
+    "gleak.max_length": Field("int", "text: the truncation length the batches were tokenised with (tokens per "
+                              "sequence, at most)", minimum=1, maximum=16_777_216),
+    "gleak.pad_token_id": Field("int", "text: the pad token's id (pads are masked out of the loss)", minimum=0),
 }
 
 
@@ -330,6 +346,54 @@ class Truth:
         return torch.bincount(self.labels, minlength=num_classes).double()
 
 
+@dataclass
+class TextTruth:
+    """Ground truth for a text capture: the token batches the model saw.
+
+    ``input_ids`` and ``attention_mask`` are int64 [N, T] (1 on real tokens, 0 on pads); ``labels`` int64 [N] for a
+    sequence classifier (None for a causal LM, whose targets are the input ids). For an update of m steps, the m
+    batches are concatenated in training order (N = m·B), all padded to the same T."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.labels is not None:
+            out["labels"] = self.labels
+        return out
+
+    def check(self, where: str = "ground truth") -> None:
+        """Shapes and values as the format says (checked where a text truth is read or written)."""
+        ids, mask = self.input_ids, self.attention_mask
+        check_token_batch(ids, mask, where)
+        if self.labels is not None and (self.labels.dim() != 1 or self.labels.shape[0] != ids.shape[0]
+                                        or self.labels.dtype != torch.int64):
+            raise GleakError(f"{where}: labels must be int64 [{ids.shape[0]}], got {self.labels.dtype} "
+                             f"{list(self.labels.shape)}")
+
+
+def check_token_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor, where: str = "token batch") -> None:
+    """``input_ids`` and ``attention_mask``: integer [B, T] of one shape, ids ≥ 0, the mask 0 or 1."""
+    if input_ids.dim() != 2 or input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+        raise GleakError(f"{where}: input_ids must be an integer tensor [B, T], got {input_ids.dtype} "
+                         f"{list(input_ids.shape)}")
+    if tuple(attention_mask.shape) != tuple(input_ids.shape) or attention_mask.is_floating_point():
+        raise GleakError(f"{where}: attention_mask must be an integer tensor of the shape of input_ids "
+                         f"{list(input_ids.shape)}, got {attention_mask.dtype} {list(attention_mask.shape)}")
+    if input_ids.numel() and int(input_ids.min()) < 0:
+        raise GleakError(f"{where}: input_ids must be ≥ 0")
+    if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise GleakError(f"{where}: attention_mask must hold only 0 and 1")
+
+
 # ---------------------------------------------------------------------------------------------- reading
 
 
@@ -367,10 +431,10 @@ def load_capture(path: str | Path) -> Capture:
 
 
 def validate_against_model(capture: Capture, model: nn.Module) -> None:
-    """The capture must hold exactly the model's parameters (buffers optional), with the same shapes."""
+    """The capture must hold exactly the model's parameters (buffers optional), with the same shapes; a tied weight
+    (one parameter under two state-dict names, as GPT-2's embedding and LM head) once, under either name."""
     state = model.state_dict()
-    buffer_names = {n for n, _ in model.named_buffers()}
-    params = [n for n in state if n not in buffer_names]
+    params = [n for n, _ in model.named_parameters()]
     missing = [n for n in params if n not in capture.tensors]
     extra = [n for n in capture.tensors if n not in state]
     shapes = [(name, tuple(t.shape), tuple(state[name].shape)) for name, t in capture.tensors.items()
@@ -405,7 +469,7 @@ def _save(tensors: Mapping[str, torch.Tensor], meta: dict[str, str], path: str |
     return save_safetensors(path, tensors, meta, force=force)
 
 
-def save_capture(capture: Capture, path: str | Path, force: bool = False, truth: Truth | None = None, *,
+def save_capture(capture: Capture, path: str | Path, force: bool = False, truth: Truth | TextTruth | None = None, *,
                  clock: bool = True) -> Path:
     """Write a capture atomically; refuses to overwrite an existing file unless ``force``.
 
@@ -419,10 +483,12 @@ def save_capture(capture: Capture, path: str | Path, force: bool = False, truth:
         raise GleakError(f"capture kind must be one of {', '.join(KINDS)}")
     check_finite(capture.tensors)
     if truth is not None:
-        truth = _cpu_truth(truth)
+        truth = _cpu_truth(truth) if isinstance(truth, Truth) else _cpu_text_truth(truth)
+        held = truth.labels.shape[0] if isinstance(truth, Truth) else truth.num_examples
         examples = capture.meta.get("gleak.num_examples")
-        if examples is not None and truth.labels.shape[0] != examples:
-            raise GleakError(f"the truth holds {truth.labels.shape[0]} labels, the capture {examples} examples")
+        if examples is not None and held != examples:
+            what = "labels" if isinstance(truth, Truth) else "sequences"
+            raise GleakError(f"the truth holds {held} {what}, the capture {examples} examples")
         if not force and truth_path_for(path).exists():
             raise GleakError(f"{truth_path_for(path)} already exists; pass force=True to overwrite it")
     meta = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.producer": f"gleak {__version__}",
@@ -432,9 +498,62 @@ def save_capture(capture: Capture, path: str | Path, force: bool = False, truth:
         meta["gleak.created_at"] = stamp
     out = _save(capture.tensors, format_metadata(meta, capture.extra), path, force)
     capture.path = out
-    if truth is not None:
+    if isinstance(truth, Truth):
         save_truth(truth, truth_path_for(out), capture_path=out, force=force)
+    elif truth is not None:
+        save_text_truth(truth, truth_path_for(out), capture_path=out, force=force)
     return out
+
+
+def _cpu_text_truth(truth: TextTruth) -> TextTruth:
+    """Detached CPU int64 tensors (the file format's type), checked."""
+    labels = None if truth.labels is None else truth.labels.detach().cpu().long()
+    out = TextTruth(input_ids=truth.input_ids.detach().cpu().long(),
+                    attention_mask=truth.attention_mask.detach().cpu().long(), labels=labels, meta=dict(truth.meta),
+                    extra=dict(truth.extra))
+    out.check()
+    return out
+
+
+def save_text_truth(truth: TextTruth, path: str | Path, capture_path: str | Path | None = None,
+                    force: bool = False) -> Path:
+    """Write a text capture's ground truth (``input_ids``, ``attention_mask``, and ``labels`` for a classifier);
+    binds it to the capture file's sha256 when given."""
+    truth = _cpu_text_truth(truth)
+    meta: dict[str, Any] = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.kind": TRUTH_KIND,
+                            "gleak.modality": "text", **truth.meta}
+    if capture_path is not None:
+        meta["gleak.capture.sha256"] = file_sha256(capture_path)
+    return _save(truth.tensors(), format_metadata(meta, truth.extra), path, force)
+
+
+def load_text_truth(path: str | Path, capture: Capture | None = None) -> TextTruth:
+    """Read a text capture's ground truth; when ``capture`` has a path, check the file belongs to it."""
+    p = Path(path)
+    tensors, raw_meta = read_safetensors(p, "ground-truth file")
+    known, extra = parse_metadata(raw_meta)
+    if known.get("gleak.kind") != TRUTH_KIND:
+        raise GleakError(f"{p}: not a ground-truth file (gleak.kind is {known.get('gleak.kind')!r}, expected 'truth')")
+    for name in ("input_ids", "attention_mask"):
+        if name not in tensors:
+            raise GleakError(f"{p}: a text ground-truth file needs the '{name}' tensor")
+    for name, t in tensors.items():
+        if name in ("input_ids", "attention_mask", "labels") and t.dtype != torch.int64:
+            raise GleakError(f"{p}: '{name}' must be int64, got {t.dtype}")
+    truth = TextTruth(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
+                      labels=tensors.get("labels"), meta=known, extra=extra)
+    truth.check(str(p))
+    _check_bound(p, known, capture)
+    return truth
+
+
+def _check_bound(p: Path, known: Mapping[str, Any], capture: Capture | None) -> None:
+    expected_sha = known.get("gleak.capture.sha256")
+    if capture is not None and capture.path is not None and expected_sha:
+        actual = file_sha256(capture.path)
+        if actual != expected_sha:
+            raise GleakError(f"{p}: ground truth belongs to a different capture (sha256 {expected_sha[:12]}…, "
+                             f"capture is {actual[:12]}…)")
 
 
 def _cpu_truth(truth: Truth) -> Truth:
@@ -469,6 +588,9 @@ def load_truth(path: str | Path, capture: Capture | None = None) -> Truth:
     known, extra = parse_metadata(raw_meta)
     if known.get("gleak.kind") != TRUTH_KIND:
         raise GleakError(f"{p}: not a ground-truth file (gleak.kind is {known.get('gleak.kind')!r}, expected 'truth')")
+    if known.get("gleak.modality") == "text" or "input_ids" in tensors:
+        raise GleakError(f"{p}: the ground truth of a text capture (token batches: input_ids, attention_mask); "
+                         "read it with gleak.capture.load_text_truth")
     for name in ("labels", "inputs"):
         if name not in tensors:
             raise GleakError(f"{p}: ground-truth file lacks the '{name}' tensor")
@@ -644,6 +766,178 @@ def capture_update(
         meta["gleak.buffers"] = buffer_list
     meta.update(metadata or {})
     return Capture(tensors=tensors, meta=meta)
+
+
+# ------------------------------------------------------------------------------- token batches (text)
+
+
+def lm_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Next-token targets in the Hugging Face convention: the input ids with pads set to -100 (the shift is made
+    by the loss)."""
+    return input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+
+
+def model_logits(output: Any) -> torch.Tensor:
+    """The logits of a model's output: a tensor, an object with ``.logits`` (transformers), or a tuple's first."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise GleakError(f"the model's output ({type(output).__name__}) holds no logits")
+
+
+def token_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               labels: torch.Tensor | None = None, task: str = "causal_lm") -> torch.Tensor:
+    """The client's loss on a token batch. ``causal_lm``: next-token cross-entropy, mean over the non-pad targets
+    (logits [B, T, V]; position t predicts token t + 1), as transformers computes it with ``labels = input_ids`` and
+    pads set to -100, except that a pad never predicts either: with left padding, the last pad's prediction of the
+    first real token is skipped too (METHODS-text §1.1: only real positions 0 … T_i − 2 are scored; with right
+    padding this is exactly the transformers loss). ``sequence_classification``: cross-entropy of ``labels`` [B] on
+    logits [B, C], mean over B."""
+    if task == "sequence_classification":
+        if labels is None:
+            raise GleakError("a sequence classifier's loss needs labels (one class per sequence)")
+        return torch.nn.functional.cross_entropy(logits.float(), labels.to(logits.device).long())
+    if task != "causal_lm":
+        raise GleakError(f"unknown text task {task!r}; one of {', '.join(TEXT_TASKS)}")
+    targets = lm_labels(input_ids, attention_mask)[:, 1:].masked_fill(attention_mask[:, :-1] == 0, IGNORE_INDEX)
+    targets = targets.to(logits.device)
+    if not bool((targets != IGNORE_INDEX).any()):
+        raise GleakError("the batch has no next-token target: every sequence has fewer than two real tokens")
+    shifted = logits[:, :-1, :].float()
+    return torch.nn.functional.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1),
+                                             ignore_index=IGNORE_INDEX)
+
+
+def text_metadata(*, task: str, vocab_size: int | None, tokenizer_sha256: str | None = None,
+                  padding_side: str | None = None, max_length: int | None = None,
+                  pad_token_id: int | None = None, num_classes: int | None = None) -> dict[str, Any]:
+    """The ``gleak.*`` keys that describe a text capture (None values are left out)."""
+    if task not in TEXT_TASKS:
+        raise GleakError(f"unknown text task {task!r}; one of {', '.join(TEXT_TASKS)}")
+    meta: dict[str, Any] = {
+        "gleak.modality": "text", "gleak.task": task, "gleak.vocab_size": vocab_size,
+        "gleak.tokenizer.sha256": tokenizer_sha256, "gleak.tokenizer.padding_side": padding_side,
+        "gleak.max_length": max_length, "gleak.pad_token_id": pad_token_id,
+        "gleak.num_classes": num_classes if task == "sequence_classification" else None,
+        "gleak.loss": "cross_entropy", "gleak.loss.reduction": "mean",
+    }
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def _vocab_size(model: nn.Module, logits: torch.Tensor | None, task: str) -> int | None:
+    get = getattr(model, "get_input_embeddings", None)
+    embeddings = get() if callable(get) else None
+    if isinstance(embeddings, nn.Embedding):
+        return int(embeddings.num_embeddings)
+    return int(logits.shape[-1]) if logits is not None and task == "causal_lm" else None
+
+
+def _trainable(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters the client trains, by name; a tied weight appears once (named_parameters drops repeats)."""
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def capture_token_gradients(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    *,
+    task: str | None = None,
+    train_mode: bool = False,
+    tokenizer_sha256: str | None = None,
+    padding_side: str | None = None,
+    max_length: int | None = None,
+    pad_token_id: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Capture:
+    """FedSGD capture of a token batch: dL/dθ of one batch of B sequences.
+
+    ``input_ids`` and ``attention_mask`` are integer [B, T] (the mask defaults to all ones). ``task`` is
+    ``causal_lm`` (next-token cross-entropy, mean over the non-pad targets; :func:`token_loss`) or
+    ``sequence_classification`` (``labels`` [B]); by default, the latter when ``labels`` are given. The model runs in
+    eval mode unless ``train_mode`` (dropout makes a client's inputs differ from what an attacker recomputes), and is
+    put back in its mode afterwards. Tensors are named by ``named_parameters()``: a tied weight (GPT-2's embedding
+    and LM head) appears once; frozen parameters are left out. The tokenizer's hash, padding side, truncation
+    length and pad id are recorded when given (``gleak simulate`` records them from the model folder)."""
+    task = task or ("sequence_classification" if labels is not None else "causal_lm")
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    check_token_batch(input_ids, mask)
+    params = _trainable(model)
+    if not params:
+        raise GleakError("the model has no trainable parameters")
+    global_hash = tensors_sha256(model.state_dict())
+    was_training = model.training
+    model.train(train_mode)
+    model.zero_grad(set_to_none=True)
+    try:
+        logits = model_logits(model(input_ids=input_ids, attention_mask=mask))
+        value = token_loss(logits, input_ids, mask, labels, task)
+        grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+    finally:
+        model.train(was_training)
+    tensors = {n: (g if g is not None else torch.zeros_like(p)).detach().cpu()
+               for (n, p), g in zip(params.items(), grads, strict=True)}
+    b = int(input_ids.shape[0])
+    meta: dict[str, Any] = {
+        "gleak.model.sha256": global_hash, "gleak.kind": "gradient", "gleak.batch_size": b, "gleak.num_examples": b,
+        "gleak.local_steps": 1, "gleak.fl.scheme": "fedsgd", "gleak.model.train_mode": train_mode,
+        **text_metadata(task=task, vocab_size=_vocab_size(model, logits, task), tokenizer_sha256=tokenizer_sha256,
+                        padding_side=padding_side, max_length=max_length or int(input_ids.shape[1]),
+                        pad_token_id=pad_token_id, num_classes=int(logits.shape[-1]) if logits.dim() == 2 else None),
+    }
+    meta.update(metadata or {})
+    return Capture(tensors=tensors, meta=meta)
+
+
+def capture_token_update(
+    global_model: nn.Module,
+    local_model: nn.Module,
+    *,
+    learning_rate: float,
+    local_steps: int,
+    batch_size: int,
+    task: str = "causal_lm",
+    optimizer: str = "sgd",
+    momentum: float | None = None,
+    weight_decay: float | None = None,
+    scheme: str = "fedavg",
+    train_mode: bool = False,
+    tokenizer_sha256: str | None = None,
+    padding_side: str | None = None,
+    max_length: int | None = None,
+    pad_token_id: int | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Capture:
+    """FedAvg-style capture of a language model: Δθ = θ_local − θ_global of every trainable parameter (by
+    ``named_parameters()``, a tied weight once), with how the client trained and the text keys of
+    :func:`capture_token_gradients`. ``gleak.model.sha256`` is the hash of the global model's full state dict."""
+    names = list(_trainable(global_model))
+    local = dict(local_model.named_parameters())
+    missing = [n for n in names if n not in local]
+    if missing:
+        raise GleakError(f"the local model lacks parameters of the global one: {quote_names(missing)}")
+    global_params = dict(global_model.named_parameters())
+    capture = capture_update({n: global_params[n] for n in names}, {n: local[n] for n in names}, learning_rate,
+                             local_steps, batch_size, optimizer=optimizer, momentum=momentum, weight_decay=weight_decay,
+                             scheme=scheme, num_classes=0 if task == "causal_lm" else None)
+    capture.meta.pop("gleak.num_classes", None)
+    logits_width = None
+    if task == "sequence_classification":
+        head = [t for n, t in capture.tensors.items() if n.endswith("weight") and t.dim() == 2]
+        logits_width = int(head[-1].shape[0]) if head else None
+    capture.meta.update({
+        "gleak.model.sha256": tensors_sha256(global_model.state_dict()), "gleak.model.train_mode": train_mode,
+        **text_metadata(task=task, vocab_size=_vocab_size(global_model, None, task),
+                        tokenizer_sha256=tokenizer_sha256, padding_side=padding_side, max_length=max_length,
+                        pad_token_id=pad_token_id, num_classes=logits_width),
+    })
+    capture.meta.update(metadata or {})
+    return capture
 
 
 # ------------------------------------------------------------------------------------ documentation

@@ -2,7 +2,7 @@
 # Refresh the lock: resolve pyproject.toml's dependencies (every extra together, for every platform, newest versions
 # within the declared ranges) with uv, then export the pinned, hash-checked requirement files the set-up installs:
 # lock/dev.txt (gleak and its dev tools: make demo, the fast suite) and lock/all.txt (also docs, flower, nvflare,
-# ray: make test, CI). uv's own uv.lock stays out of the repository: it names the index's hosts, the exports do not.
+# ray, text: make test, CI). uv's own uv.lock stays out of the repository: it names the index's hosts, the exports do not.
 # --check: resolve again without upgrading and fail if the exports would change (pyproject.toml edited, lock not).
 set -euo pipefail
 cd "$(dirname "$0")/.."

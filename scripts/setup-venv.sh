@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with exactly the versions CI tested: the lock (lock/dev.txt by default, lock/all.txt with GLEAK_LOCK=all
-# for the docs tools and the flower/nvflare/ray extras), then gleak itself, editable and without dependencies (they
+# for the docs tools and the flower/nvflare/ray/text extras), then gleak itself, editable and without dependencies (they
 # are all in the lock). `make lock` refreshes the lock from pyproject.toml. Uses uv (installed with pip if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."

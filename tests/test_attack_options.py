@@ -22,6 +22,9 @@ SMOOTHING = ROOT / "samples/captures/smoothing_1.safetensors"
 
 # the module constants the options replaced, with their values before options existed
 OLD_DEFAULTS = {
+    "token-bag": {"method": "auto", "relative": 1e-6, "exclude": None, "min_gap": 10.0, "rho_threshold": None},
+    "next-tokens": {"exclude": None, "min_gap": 10.0},
+    "seq-length": {"relative": 1e-6},
     "calibrated": {"simulations": 24, "stack": True},
     "rlu": {"mc_samples": 2000, "search_iterations": 5, "max_simulated_steps": 100, "gls_max_classes": 20,
             "gls_ridge": 0.1, "candidates": None},

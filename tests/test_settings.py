@@ -134,9 +134,6 @@ def test_a_new_declaration_is_a_flag_a_variable_a_config_key_and_a_show_config_r
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(files, "SECTIONS", (GlobalSettings, Extended))  # the file's tables, as if declared there
-    monkeypatch.setattr(files, "AuditTable", files._table_model("AuditTable", "audit"))
-    monkeypatch.setattr(files, "TopTable", files._table_model("TopTable", "top", audit=(
-        files.AuditTable, Field(default_factory=files.AuditTable))))
     if file:
         (tmp_path / "gleak.toml").write_text(file)
     result = CliRunner().invoke(_command(), ["audit", *args], env=env)

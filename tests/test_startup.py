@@ -61,6 +61,17 @@ def test_help_version_and_usage_errors_do_not_import_torch(tmp_path: Path) -> No
     assert out["torch"] is False
 
 
+def test_help_does_not_import_transformers() -> None:
+    """The text extra (issue 37) loads only when a language model is read: `gleak --help` and every command's help
+    stay fast with it installed."""
+    cases = [["--help"], *[[c, "--help"] for c in ("inspect", "simulate", "labels", "audit")]]
+    code = PROBE.replace('"torch": "torch" in sys.modules', '"torch": "transformers" in sys.modules')
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True, cwd=ROOT)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["codes"] == [0] * len(cases)
+    assert out["torch"] is False  # here: whether transformers was imported
+
+
 def test_version(gleak) -> None:
     r = gleak("--version")
     assert r.exit_code == 0 and r.stdout == f"gleak {__version__}\n"

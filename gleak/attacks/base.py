@@ -76,6 +76,26 @@ class ImageOutput:
 
 
 @dataclass
+class TokenOutput:
+    """What a token attack returns (gleak.attacks.tokens): the recovered token ids with rough counts (ids only,
+    never decoded text), per-token scores [V] for downstream thresholds (not serialised), and extras.
+
+    ``max_length`` and ``lengths`` (a histogram length -> sequences) come from the position attack."""
+
+    token_ids: torch.Tensor
+    counts: torch.Tensor
+    scores: torch.Tensor | None = None
+    max_length: int | None = None
+    lengths: dict[int, int] | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def bag(self) -> dict[int, int]:
+        """token id -> count."""
+        return {int(t): int(c) for t, c in zip(self.token_ids.tolist(), self.counts.tolist(), strict=True)}
+
+
+@dataclass
 class AttackResult:
     """One attack on one capture: status ok / not_applicable / failed / error / abstained, output, time, reason,
     scores, and the options it ran with (JSON values; see :meth:`Attack.used_options`)."""
@@ -84,7 +104,7 @@ class AttackResult:
     status: Status
     seconds: float = 0.0
     reason: str | None = None
-    output: LabelOutput | ImageOutput | None = None
+    output: LabelOutput | ImageOutput | TokenOutput | None = None
     warnings: list[str] = field(default_factory=list)
     scores: dict[str, float] | None = None
     options: dict[str, Any] | None = None
@@ -110,7 +130,14 @@ class AttackResult:
             out["reason"] = self.reason
         if self.options is not None:
             out["options"] = self.options
-        if isinstance(self.output, ImageOutput):
+        if isinstance(self.output, TokenOutput):
+            out["tokens"] = [{"id": t, "count": c} for t, c in self.output.bag().items()]
+            if self.output.max_length is not None:
+                out["max_length"] = self.output.max_length
+            if self.output.lengths is not None:
+                out["lengths"] = {str(k): v for k, v in self.output.lengths.items()}
+            out["diagnostics"] = jsonable(self.output.diagnostics)
+        elif isinstance(self.output, ImageOutput):
             out["images"] = list(self.output.images.shape) if self.output.images is not None else None
             out["diagnostics"] = jsonable(self.output.diagnostics)
         elif self.output is not None:
@@ -179,8 +206,9 @@ class Attack(Configurable, ABC):
         return ctx.check_requirements(self.requires)
 
     @abstractmethod
-    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput | ImageOutput:
-        """Recover labels (or images). Raise GleakError for a problem with the input that stops the attack."""
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput | ImageOutput | TokenOutput:
+        """Recover labels (or images, or tokens). Raise GleakError for a problem with the input that stops the
+        attack."""
 
     def memory_bytes(self, ctx: Context) -> int:
         """About how much memory a run adds, estimated from B, C, d and the options before anything is allocated

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from gleak.attacks.requirements import Requirements
+from gleak.attacks.tokens.view import TextModelSpec, TokenView, token_view
 from gleak.capture import Capture, ModelCheck, check_model_hash, validate_against_model
 from gleak.data import Dataset
 from gleak.errors import GleakError, shorten
@@ -25,6 +26,7 @@ from gleak.models import LastLayer, LoadedModel, find_last_layer, forward, guess
 from gleak.models.modes import batch_norm_layers, batch_statistics, fixed_mode_reason
 
 CHUNK = 1024
+NOT_TEXT = "needs a language model's capture (token batches); this capture is not one"
 DUMMY_CHUNK_BYTES = 128 * 2**20  # dummy images drawn and run at once (LLG*)
 INPUT_CHUNK_BYTES = 128 * 2**20  # inputs fetched and run at once (auxiliary data, any forward)
 
@@ -52,6 +54,7 @@ class Context:
     no_batch_forward_reason: str | None = None  # the model cannot run the client's whole batch in one forward
     model_check: ModelCheck | None = None
     max_memory: int | None = None  # bytes an attack may add; one that needs more is skipped (--max-memory)
+    text_model: TextModelSpec | None = None  # a language model's capture: what the token attacks read
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -124,8 +127,19 @@ class Context:
             raise GleakError("needs the input shape (gleak.input_shape in the capture, or a zoo model)")
         return self.input_shape
 
+    def require_tokens(self) -> TokenView:
+        """The token attacks' view of a text capture (:func:`gleak.attacks.tokens.view.token_view`), found once."""
+        if self.text_model is None:
+            raise GleakError(NOT_TEXT)
+        if "tokens" not in self._cache:
+            self._cache["tokens"] = token_view(self.capture.tensors, self.text_model)
+        view: TokenView = self._cache["tokens"]
+        return view
+
     # ------------------------------------------------------------------------------- requirements
     def check_requirements(self, req: Requirements) -> str | None:
+        if req.needs_text and self.text_model is None:
+            return NOT_TEXT
         if self.kind not in req.kinds:
             return f"needs a capture of kind {' or '.join(sorted(req.kinds))}, this one is a {self.kind}"
         if req.gradient_view and self.grad_weight is None:

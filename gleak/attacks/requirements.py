@@ -19,6 +19,7 @@ class Requirements:
     single_sample: bool = False
     needs_batch_size: bool = True
     needs_nonneg_features: bool = False  # soft: the result is marked when the features go negative
+    needs_text: bool = False  # a language model's capture (token batches): the token attacks
 
     def describe(self) -> list[str]:
         out = []
@@ -32,7 +33,8 @@ class Requirements:
                            (self.needs_model_forward, "model forward"),
                            (self.needs_batch_forward, "forward of the whole batch"),
                            (self.needs_aux, "aux data"), (self.single_sample, "B = 1"),
-                           (self.needs_batch_size, "known B"), (self.needs_nonneg_features, "features ≥ 0 (soft)")):
+                           (self.needs_batch_size, "known B"),
+                           (self.needs_text, "text capture"), (self.needs_nonneg_features, "features ≥ 0 (soft)")):
             if flag:
                 out.append(text)
         return out

@@ -44,6 +44,7 @@ from gleak.settings.audit import (
     Seed,
     Threads,
     TrustPickle,
+    TrustRemoteCode,
 )
 from gleak.settings.values import MAX_THREADS, LpipsNetwork, Problem, jobs
 
@@ -83,6 +84,7 @@ FcLayerOpt = Annotated[str | None, typer.Option("--fc-layer", help="Name of the 
 ArchOpt = option(Arch)
 ArchKwargsOpt = option(ArchKwargs)
 TrustPickleOpt = option(TrustPickle)
+TrustRemoteCodeOpt = option(TrustRemoteCode)
 DeviceOpt = option(Device)
 SeedOpt = option(Seed)
 AllowMismatchOpt = option(AllowModelMismatch)
@@ -93,6 +95,7 @@ LpipsOpt = option(Lpips)
 ThreadsOpt = option(Threads)
 MAX_BATCH = 65_536  # the capture schema's bounds on gleak.batch_size and gleak.local_steps
 MAX_STEPS = 100_000
+MAX_LENGTH = 16_777_216  # the capture schema's bound on gleak.max_length (tokens per sequence)
 MAX_MESSAGE = 600  # characters of one error line; longer ones are cut (a 1 MB option value is never echoed)
 
 

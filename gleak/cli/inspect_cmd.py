@@ -16,6 +16,7 @@ from gleak.cli.common import (
     ModelOpt,
     QuietOpt,
     TrustPickleOpt,
+    TrustRemoteCodeOpt,
     VerboseOpt,
     console,
     handle_errors,
@@ -31,6 +32,7 @@ def inspect(
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     fc_layer: FcLayerOpt = None,
     allow_model_mismatch: AllowMismatchOpt = False,
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
@@ -43,7 +45,8 @@ def inspect(
     from gleak.runs.inputs import ModelSpec
     from gleak.runs.inspect import run_inspect
 
-    info = run_inspect(capture, ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle),
+    info = run_inspect(capture, ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
+                                          trust_remote_code=trust_remote_code),
                        fc_layer, allow_model_mismatch)
     if format == "json":
         print_json(info.to_json())

@@ -26,6 +26,7 @@ from gleak.cli.common import (
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
+    TrustRemoteCodeOpt,
     TruthOpt,
     VerboseOpt,
     console,
@@ -67,6 +68,7 @@ def labels(
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     fc_layer: FcLayerOpt = None,
     allow_model_mismatch: AllowMismatchOpt = False,
     device: DeviceOpt = "auto",
@@ -89,7 +91,8 @@ def labels(
 
     request = LabelsRequest(
         inputs=InputSpec(capture=capture,
-                         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle),
+                         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
+                                         trust_remote_code=trust_remote_code),
                          aux=aux, truth=truth, no_truth=no_truth, fc_layer=fc_layer, device=device, seed=seed,
                          batch_size=batch_size,
                          loss_overrides={"name": loss, "focal_gamma": focal_gamma, "focal_alpha": focal_alpha,

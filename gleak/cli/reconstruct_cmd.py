@@ -26,6 +26,7 @@ from gleak.cli.common import (
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
+    TrustRemoteCodeOpt,
     TruthOpt,
     VerboseOpt,
     check_output_folder,
@@ -85,6 +86,7 @@ def reconstruct(
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     fc_layer: FcLayerOpt = None,
     allow_model_mismatch: AllowMismatchOpt = False,
     device: DeviceOpt = "auto",
@@ -108,7 +110,8 @@ def reconstruct(
              if v is not None}
     request = ReconstructRequest(
         inputs=InputSpec(capture=capture,
-                         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle),
+                         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
+                                         trust_remote_code=trust_remote_code),
                          aux=aux, truth=truth, no_truth=no_truth, fc_layer=fc_layer, device=device, seed=seed,
                          batch_size=batch_size, allow_model_mismatch=allow_model_mismatch),
         attack=attack, labels=labels, generator=generator, flags=flags,

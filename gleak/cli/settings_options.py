@@ -79,7 +79,9 @@ def _typer_option(field: FieldInfo, cli: Cli) -> Any:
 
 def _default(field: FieldInfo, cli: Cli) -> Any:
     """The default the command line shows, as a person writes it (None for the settings with no single value)."""
-    default = field.get_default(call_default_factory=True)
+    if field.default_factory is not None:  # a table (thresholds, options): no one value to show; not built here
+        return None
+    default = field.get_default()
     if field.annotation is bool:
         return bool(default)
     if default in (None, (), {}) or isinstance(default, BaseModel):

@@ -9,6 +9,7 @@ import typer
 
 from gleak.cli.common import (
     MAX_BATCH,
+    MAX_LENGTH,
     MAX_STEPS,
     ArchKwargsOpt,
     ArchOpt,
@@ -17,6 +18,7 @@ from gleak.cli.common import (
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
+    TrustRemoteCodeOpt,
     VerboseOpt,
     console,
     handle_errors,
@@ -42,11 +44,13 @@ def parse_labels(text: str | None) -> tuple[int, ...] | None:
 @handle_errors
 def simulate(
     model: Annotated[Path, typer.Option("--model", "-M", help="Global model file.")],
-    data: Annotated[Path, typer.Option("--data", "-d", help="Dataset: .safetensors or an image folder.")],
+    data: Annotated[Path, typer.Option("--data", "-d", help="Dataset: .safetensors or an image folder; text for a "
+                                       "language model: .txt (one example per line) or .jsonl (\"text\" fields).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Capture file to write (.safetensors).")],
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per local step (B).",
                                             callback=number(1, MAX_BATCH))] = 8,
     local_steps: Annotated[int, typer.Option("--local-steps", "-m", help="Local steps, each on a fresh batch.",
@@ -78,8 +82,11 @@ def simulate(
     dirichlet_alpha: Annotated[float | None, typer.Option(help="Concentration α > 0 for --composition dirichlet "
                                                           "(default 0.5).", callback=number(0, low_open=True))] = None,
     labels: Annotated[str | None, typer.Option(help="Explicit labels, e.g. '3,3,7' (B or m·B of them).")] = None,
-    train_mode: Annotated[bool, typer.Option("--train-mode/--eval-mode",
-                                             help="Model mode during the step (BatchNorm, Dropout).")] = True,
+    train_mode: Annotated[bool | None, typer.Option("--train-mode/--eval-mode", help="Model mode during the step "
+                                                    "(BatchNorm, Dropout); default: train for images, eval for text.",
+                                                    show_default=False)] = None,
+    max_length: Annotated[int | None, typer.Option("--max-length", help="Text: truncate each example to this many "
+                                                   "tokens.", callback=number(1, MAX_LENGTH))] = None,
     defense: Annotated[list[str] | None, typer.Option("--defense", help="A defense the client applies, "
                                                       "NAME[:KEY=VALUE,...] (repeatable, in order; dpsgd trains with "
                                                       "DP-SGD through Opacus; gleak defenses lists them).")] = None,
@@ -101,10 +108,12 @@ def simulate(
         momentum=momentum, weight_decay=weight_decay, mu=mu, loss=loss, reduction=reduction, focal_gamma=focal_gamma,
         focal_alpha=focal_alpha, temperature=temperature, label_smoothing=label_smoothing, mixup=mixup,
         mixup_ratio=mixup_ratio, composition=composition, dirichlet_alpha=dirichlet_alpha,
-        labels=parse_labels(labels), train_mode=train_mode, seed=seed, defenses=defenses)
+        labels=parse_labels(labels), train_mode=train_mode is not False, seed=seed, defenses=defenses)
     request = SimulateRequest(
-        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle), data=data,
-        config=config, output=output, no_truth=no_truth, device=device, force=force)
+        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
+                        trust_remote_code=trust_remote_code), data=data,
+        config=config, output=output, no_truth=no_truth, device=device, force=force, max_length=max_length,
+        train_mode=train_mode)
     run = run_simulate(request)
     if not quiet:
         _print_summary(run, request)
@@ -118,7 +127,12 @@ def _print_summary(run: SimulateRun, request: SimulateRequest) -> None:
     shown = ", ".join(f"{c}×{n}" for c, n in run.label_counts)
     console.print(f"[bold]{capture.kind}[/] of {config.local_steps} step(s) × B = {config.batch_size} "
                   f"({config.scheme}, {config.optimizer}, lr {config.learning_rate:g})")
-    console.print(f"labels (class×count): {shown}")
+    if capture.get("gleak.modality") == "text":  # never the text itself: it is the client's data
+        console.print(f"text: {capture.get('gleak.task')}, {capture.get('gleak.num_examples')} sequence(s) of ≤ "
+                      f"{capture.get('gleak.max_length')} tokens, pads on the "
+                      f"{capture.get('gleak.tokenizer.padding_side')}")
+    if shown:
+        console.print(f"labels (class×count): {shown}")
     for record in capture.get("gleak.defense") or []:
         options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
         console.print(f"defense {record['name']}" + (f" ({options})" if options else ""))

@@ -23,6 +23,7 @@ from gleak.cli.common import (
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
+    TrustRemoteCodeOpt,
     VerboseOpt,
     check_output_folder,
     console,
@@ -66,6 +67,7 @@ def sweep(
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Examples per local step (B).",
                                             callback=number(1, MAX_BATCH))] = 8,
     local_steps: Annotated[int, typer.Option("--local-steps", "-m", help="Local steps (1: a FedSGD gradient; more: "
@@ -108,7 +110,8 @@ def sweep(
     from gleak.runs.sweep import SweepRequest
 
     request = SweepRequest(
-        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle), data=data,
+        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
+                        trust_remote_code=trust_remote_code), data=data,
         defenses=tuple(defense),
         attacks=tuple(attack or ()), aux=aux, generator=generator, options=parse_option_assignments(option or []),
         batch_size=batch_size, local_steps=local_steps, trials=trials, seed=seed, iterations=iterations,

@@ -19,6 +19,7 @@ from gleak.cli.common import (
     QuietOpt,
     SeedOpt,
     TrustPickleOpt,
+    TrustRemoteCodeOpt,
     VerboseOpt,
     check_output_folder,
     console,
@@ -69,6 +70,7 @@ def train_generator(
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
+    trust_remote_code: TrustRemoteCodeOpt = False,
     fc_layer: FcLayerOpt = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
@@ -105,7 +107,8 @@ def train_generator(
     from gleak.runs.train_generator import TrainGeneratorRequest
 
     request = TrainGeneratorRequest(
-        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle), aux=aux,
+        model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
+                        trust_remote_code=trust_remote_code), aux=aux,
         output=output, settings=settings, fc_layer=fc_layer, device=device, force=force)
     report = _run_with_progress(request, not quiet and err_console.is_terminal, verbose and not quiet)
     if format == "json":

@@ -41,6 +41,7 @@ from gleak.io import (
     tensors_sha256,
 )
 from gleak.models.export_archive import _weights_only_globals, check_archive, check_program, guard_load
+from gleak.models.text import is_text_model_dir, open_text_model
 from gleak.models.thread_scope import overridden, warnings_dropped
 from gleak.models.zoo import ZOO, build_zoo_model, zoo_input_shape
 
@@ -328,8 +329,17 @@ def load_model(
     arch: str | None = None,
     arch_kwargs: Mapping[str, Any] | str | None = None,
     trust_pickle: bool = False,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
-    """Load a model file (.safetensors, .pt/.pth/.bin state dict or TorchScript, .pt2 export) in eval mode."""
+    """Load a model file (.safetensors, .pt/.pth/.bin state dict or TorchScript, .pt2 export) in eval mode, or a
+    Hugging Face model folder (config.json + safetensors weights + tokenizer; the text extra,
+    :func:`gleak.models.text.load_text_model`: a config that needs the folder's code only with
+    ``trust_remote_code``)."""
+    if is_text_model_dir(path):
+        if arch is not None or arch_kwargs is not None:
+            raise GleakError(f"{show(path)} is a Hugging Face model folder: its config.json says what it is; "
+                             "drop --arch/--arch-kwargs")
+        return load_text_model(path, trust_pickle=trust_pickle, trust_remote_code=trust_remote_code)
     file = check_input_file(path, "model file")
     try:
         fmt = _sniff(file)
@@ -357,6 +367,17 @@ def load_model(
     _set_eval(loaded.module)
     loaded.weights_sha256 = tensors_sha256(loaded.module.state_dict())
     return loaded
+
+
+def load_text_model(path: str | os.PathLike[str], trust_pickle: bool = False,
+                    trust_remote_code: bool = False) -> LoadedModel:
+    """A Hugging Face model folder as a :class:`LoadedModel` (:mod:`gleak.models.text`): ``arch`` is
+    ``hf:MODEL_TYPE``, the metadata describe the text model (``gleak.modality = text``, task, vocabulary, special
+    token ids, padding side, the tokenizer's hash) and ``weights_sha256`` is :func:`gleak.io.tensors_sha256` of the
+    state dict, as for every other model."""
+    module, info, source = open_text_model(path, trust_pickle=trust_pickle, trust_remote_code=trust_remote_code)
+    return LoadedModel(module=module, source=source, arch=f"hf:{info.model_type}", input_shape=None,
+                       weights_sha256=tensors_sha256(module.state_dict()), metadata=info.metadata())
 
 
 def _set_eval(module: nn.Module) -> None:

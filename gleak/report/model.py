@@ -632,7 +632,7 @@ class AttackInfo(_Model):
     """``gleak attacks``: one registered attack."""
 
     name: str
-    task: Literal["labels", "reconstruct"]
+    task: Literal["labels", "reconstruct", "tokens"]
     summary: str
     requires: list[str]
     paper: str

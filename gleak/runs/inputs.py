@@ -69,12 +69,14 @@ def memory_limit(gigabytes: float | None = None) -> int | None:
 @dataclass(kw_only=True, frozen=True)
 class ModelSpec:
     """How to load the global model: the file and, for weight files, its architecture (see
-    :func:`gleak.models.load_model`). Pickles run code: ``trust_pickle`` is the user's decision."""
+    :func:`gleak.models.load_model`). Pickles run code: ``trust_pickle`` is the user's decision, and so is
+    ``trust_remote_code`` (a Hugging Face folder whose config needs the folder's own code)."""
 
     path: Path | None = None
     arch: str | None = None
     arch_kwargs: str | None = None
     trust_pickle: bool = False
+    trust_remote_code: bool = False
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -125,7 +127,8 @@ def open_inputs(spec: InputSpec) -> Inputs:
         raise GleakError("--batch-size must be ≥ 1")
     cap = load_capture(spec.capture)
     m = spec.model
-    loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle) if m.path is not None else None
+    loaded = (load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle, m.trust_remote_code) if m.path is not None
+              else None)
     aux_data = load_dataset(spec.aux) if spec.aux is not None else None
     loss = LossSpec.from_metadata(cap.meta)
     overrides = {k: v for k, v in spec.loss_overrides.items() if v is not None}

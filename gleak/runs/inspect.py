@@ -10,8 +10,10 @@ import torch
 from gleak.attacks import REGISTRY, build_context
 from gleak.capture import Capture, check_model_hash, load_capture, truth_path_for, validate_against_model
 from gleak.data import Dataset
+from gleak.errors import GleakError
 from gleak.io import companion_exists
 from gleak.models import LoadedModel, find_last_layer, guess_last_layer, load_model
+from gleak.models.text import head_key
 from gleak.report.model import InspectReport
 from gleak.runs.inputs import ModelSpec
 
@@ -48,10 +50,12 @@ def run_inspect(capture_path: Path, model: ModelSpec | None = None, fc_layer: st
                     for n, t in capture.tensors.items()],
         "model": None,
     }
+    if capture.get("gleak.modality") == "text" and fc_layer is None:
+        return _inspect_text(capture, info, model, allow_model_mismatch)
     if model is None or model.path is None:
         layer = guess_last_layer(capture.tensors, override=fc_layer, num_classes=capture.num_classes)
     else:
-        loaded = load_model(model.path, model.arch, model.arch_kwargs, model.trust_pickle)
+        loaded = load_model(model.path, model.arch, model.arch_kwargs, model.trust_pickle, model.trust_remote_code)
         validate_against_model(capture, loaded.module)
         check = check_model_hash(capture, loaded.weights_sha256, allow_model_mismatch)
         info["model"] = {"file": str(model.path), "source": loaded.source, "arch": loaded.arch,
@@ -66,3 +70,60 @@ def run_inspect(capture_path: Path, model: ModelSpec | None = None, fc_layer: st
         "num_classes": layer.num_classes, "feature_dim": layer.feature_dim, "reason": layer.reason,
     }
     return InspectReport.build(info)  # typed: a missing or mistyped key fails here
+
+
+TOKEN_ATTACKS = "gleak.attacks.tokens"  # the package of the attacks on token batches
+
+
+def _text_attacks(capture: Capture) -> dict[str, str | None]:
+    """Each registered attack on a text capture: the token attacks apply (each says what it needs when it runs);
+    the image and label attacks of the last layer are reported as not applicable, in one line each."""
+    task = capture.get("gleak.task")
+    image = "an image attack; this capture holds token batches (gleak.modality = text)"
+    label = ("a label attack on a classifier's head: not wired for text captures yet (gleak.task = "
+             "sequence_classification)") if task == "sequence_classification" else image
+    reasons: dict[str, str | None] = {}
+    for name, cls in REGISTRY.items():
+        module = cls.__module__
+        if module.startswith(TOKEN_ATTACKS):
+            reasons[name] = None
+        else:
+            reasons[name] = label if ".labels." in module else image
+    return reasons
+
+
+def _text_head(capture: Capture) -> dict[str, Any]:
+    """The output layer of a text capture: the LM head (the input embedding when tied) or the classifier."""
+    task = str(capture.get("gleak.task") or "causal_lm")
+    key = head_key(capture.tensors, task, capture.get("gleak.vocab_size"))
+    if key is None:
+        raise GleakError(f"no {'LM head' if task == 'causal_lm' else 'classifier'} weight found among the capture's "
+                         "tensors; pass --fc-layer NAME")
+    weight = capture.tensors[key]
+    name = key.removesuffix(".weight")
+    bias = name + ".bias" if name + ".bias" in capture.tensors else None
+    tied = task == "causal_lm" and not name.endswith("lm_head")
+    reason = ("text capture: the LM head, tied to the input embedding (GPT-2 style: one tensor for both)" if tied
+              else "text capture: the LM head" if task == "causal_lm" else "text capture: the classification head")
+    return {"name": name, "weight_key": key, "bias_key": bias, "weight_shape": list(weight.shape),
+            "has_bias": bias is not None, "num_classes": int(weight.shape[0]), "feature_dim": int(weight.shape[1]),
+            "reason": reason}
+
+
+def _inspect_text(capture: Capture, info: dict[str, Any], model: ModelSpec | None,
+                  allow_model_mismatch: bool) -> InspectReport:
+    """``gleak inspect`` on a text capture: the model check and the token attacks that apply, no image maths."""
+    info["last_layer"] = _text_head(capture)
+    if model is not None and model.path is not None:
+        loaded = load_model(model.path, model.arch, model.arch_kwargs, model.trust_pickle, model.trust_remote_code)
+        if loaded.metadata.get("gleak.modality") != "text":
+            raise GleakError(f"{model.path} is not a language model, but the capture holds token batches "
+                             "(gleak.modality = text): pass the Hugging Face model folder the client trained")
+        validate_against_model(capture, loaded.module)
+        check = check_model_hash(capture, loaded.weights_sha256, allow_model_mismatch)
+        info["model"] = {"file": str(model.path), "source": loaded.source, "arch": loaded.arch,
+                         "weights_sha256": loaded.weights_sha256, "model_check": check,
+                         "matches_capture": None if check.recorded_sha256 is None else check.status == "match",
+                         "mode": None}
+        info["attacks"] = _text_attacks(capture)
+    return InspectReport.build(info)

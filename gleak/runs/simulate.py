@@ -3,19 +3,21 @@ capture and its ground truth — both files or neither."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gleak.capture import Capture, Truth, save_capture, save_truth, truth_path_for
+from gleak.capture import Capture, TextTruth, Truth, save_capture, save_text_truth, save_truth, truth_path_for
 from gleak.data import load_dataset
 from gleak.defenses import Defense
 from gleak.errors import GleakError
 from gleak.io import OutputSet, check_writable
 from gleak.losses import LossSpec
 from gleak.metrics.labels import truth_counts
-from gleak.models import load_model
+from gleak.models import LoadedModel, load_model, load_tokenizer
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, resolve_device
 from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate_text import TextClientOptions, simulate_text_client
+from gleak.text_data import is_text_data, load_text_data
 
 
 def client_config(*, batch_size: int, local_steps: int, scheme: str | None, learning_rate: float, optimizer: str,
@@ -75,6 +77,8 @@ class SimulateRequest:
     no_truth: bool = False
     device: str = "cpu"
     force: bool = False
+    max_length: int | None = None  # text: truncate each example to this many tokens
+    train_mode: bool | None = None  # None: train mode for images, eval mode for text (ClientConfig.train_mode unused)
 
     @property
     def truth_path(self) -> Path | None:
@@ -83,17 +87,24 @@ class SimulateRequest:
 
 @dataclass
 class SimulateRun:
-    """What was simulated and written."""
+    """What was simulated and written (a text client's truth is a :class:`~gleak.capture.TextTruth`)."""
 
     capture: Capture
-    truth: Truth
+    truth: Truth | TextTruth
     written: list[Path]
 
     @property
     def label_counts(self) -> list[tuple[int, int]]:
-        """(class, count) of the true labels, for every class present, in class order."""
-        counts = truth_counts(self.truth.labels, self.capture.num_classes or 0)
+        """(class, count) of the true labels, for every class present, in class order (none for a causal LM)."""
+        labels = self.truth.labels
+        if labels is None:
+            return []
+        counts = truth_counts(labels, self.capture.num_classes or 0)
         return [(c, int(n)) for c, n in enumerate(counts.tolist()) if n]
+
+    @property
+    def text(self) -> bool:
+        return isinstance(self.truth, TextTruth)
 
 
 def run_simulate(request: SimulateRequest) -> SimulateRun:
@@ -105,14 +116,48 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
     m = request.model
     if m.path is None:
         raise GleakError("simulate needs the global model (--model)")
-    loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle)
-    dataset = load_dataset(request.data)
-    check_model_fits_data(loaded, dataset)
-    capture, truth = simulate_client(loaded.module, dataset, request.config, resolve_device(request.device))
+    loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle, m.trust_remote_code)
+    capture: Capture
+    truth: Truth | TextTruth
+    if loaded.metadata.get("gleak.modality") == "text" or is_text_data(request.data):
+        capture, truth = _simulate_text(request, loaded)
+    else:
+        if request.max_length is not None:
+            raise GleakError("--max-length applies to text data (.txt, .jsonl) and a language model folder")
+        dataset = load_dataset(request.data)
+        check_model_fits_data(loaded, dataset)
+        config = request.config
+        if request.train_mode is not None and request.train_mode != config.train_mode:
+            config = replace(config, train_mode=request.train_mode)
+        capture, truth = simulate_client(loaded.module, dataset, config, resolve_device(request.device))
     output = request.output
     with OutputSet(output.parent, request.force) as out:
         save_capture(capture, out.path(output.name), force=request.force)
         if truth_path is not None:
-            save_truth(truth, out.path(truth_path.name), capture_path=out.path_of(output.name), force=request.force)
+            bound = out.path_of(output.name)
+            if isinstance(truth, TextTruth):
+                save_text_truth(truth, out.path(truth_path.name), capture_path=bound, force=request.force)
+            else:
+                save_truth(truth, out.path(truth_path.name), capture_path=bound, force=request.force)
         written = out.commit()
     return SimulateRun(capture, truth, written)
+
+
+def _simulate_text(request: SimulateRequest, loaded: LoadedModel) -> tuple[Capture, TextTruth]:
+    """A language model's client on text data: both must be text (one line otherwise)."""
+    if loaded.metadata.get("gleak.modality") != "text":
+        raise GleakError(f"text data ({request.data.suffix}) needs a language model: pass a Hugging Face model folder "
+                         "(config.json, model.safetensors and the tokenizer's files) as --model")
+    if not is_text_data(request.data):
+        raise GleakError(f"a language model trains on text: pass --data FILE.txt (one example per line) or "
+                         f"FILE.jsonl (objects with a \"text\" field), not {request.data.name}")
+    assert request.model.path is not None
+    tokenizer = load_tokenizer(request.model.path, request.model.trust_remote_code)
+    data = load_text_data(request.data)
+    meta = loaded.metadata
+    options = TextClientOptions(
+        task=meta.get("gleak.task", "causal_lm"), max_length=request.max_length,
+        train_mode=bool(request.train_mode), tokenizer_sha256=meta.get("gleak.tokenizer.sha256"),
+        num_labels=int(meta["gleak.num_labels"]) if "gleak.num_labels" in meta else None)
+    return simulate_text_client(loaded.module, tokenizer, data, request.config, options,
+                                resolve_device(request.device))

@@ -415,7 +415,7 @@ class _Setup:
         sweeps, plan = request.check()
         m = request.model
         assert m.path is not None  # checked
-        loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle)
+        loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle, m.trust_remote_code)
         data = load_dataset(request.data)
         check_model_fits_data(loaded, data)
         aux = load_dataset(request.aux) if request.aux is not None else None

@@ -63,7 +63,7 @@ def run_train_generator(request: TrainGeneratorRequest, on_features: Callable[[i
     m = request.model
     if m.path is None:
         raise GleakError("train-generator needs the model (--model)")
-    loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle)
+    loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle, m.trust_remote_code)
     data = load_aux(request.aux)
     # a torchvision architecture's 3×224×224 is a default, not a constraint (as `gleak simulate` treats it)
     fixed = None if (loaded.arch or "").startswith("torchvision:") else loaded.input_shape

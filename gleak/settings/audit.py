@@ -58,6 +58,10 @@ TrustPickle = Annotated[bool, Cli(
     ("--trust-pickle",), "Allow loading a whole pickled module. Pickles run code: only for files you trust.",
     table=None, not_in_files="trusting a pickle (which runs code when loaded) is decided on the command line only: "
     "pass --trust-pickle")]
+TrustRemoteCode = Annotated[bool, Cli(
+    ("--trust-remote-code",), "Allow a Hugging Face model folder whose config needs its own Python code (auto_map, or "
+    "a model type transformers does not know). That code runs: only for folders you trust.", table=None,
+    not_in_files="running a model folder's code is decided on the command line only: pass --trust-remote-code")]
 AllowModelMismatch = Annotated[bool, Cli(
     ("--allow-model-mismatch",), "Attack even when the model's weights are not the ones the capture records "
     "(gleak.model.sha256); reports record it.", table=None, not_in_files="attacking with weights other than the "
@@ -71,7 +75,7 @@ Paths = Annotated[tuple[Path, ...], BeforeValidator(v.paths)]
 class GlobalSettings(BaseModel):
     """The options of ``gleak`` itself (before the command)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built when first used: --help stays fast
 
     threads: Threads = None
 
@@ -81,7 +85,7 @@ class AuditSettings(BaseModel):
     A bad value is a :class:`~gleak.errors.GleakError` about the value, naming the setting (``budget must be one of
     quick, standard, full, got 'fast'``); the command line names the flag, variable or file instead."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built when first used: --help stays fast
 
     @model_validator(mode="wrap")
     @classmethod
@@ -143,6 +147,7 @@ class AuditSettings(BaseModel):
     max_memory: MaxMemory = None
     allow_model_mismatch: AllowModelMismatch = False
     trust_pickle: TrustPickle = False
+    trust_remote_code: TrustRemoteCode = False
     device: Device = "auto"
     seed: Seed = 0
 

@@ -54,8 +54,13 @@ def _table_model(name: str, table: Table, **extra: Any) -> type[BaseModel]:
     return create_model(name, __config__=ConfigDict(extra="forbid", frozen=True), **fields, **extra)
 
 
-AuditTable = _table_model("AuditTable", "audit")
-TopTable = _table_model("TopTable", "top", audit=(AuditTable, Field(default_factory=AuditTable)))
+def top_table() -> type[BaseModel]:
+    """The model of a config file's top table (its ``audit`` table inside), built from the declarations when a
+    file is read (not at import: ``gleak --help`` stays fast)."""
+    audit = _table_model("AuditTable", "audit")
+    return _table_model("TopTable", "top", audit=(audit, Field(default_factory=audit)))
+
+
 # keys that a file may not hold -> why (trust-pickle: a file must never decide to run a pickle's code)
 NOT_IN_FILES = {config_key(name, cli): cli.not_in_files for model in SECTIONS
                 for name, (_, cli) in declared(model).items() if cli.table is None and cli.not_in_files}
@@ -68,7 +73,7 @@ class LoadedConfig:
     path: Path | None = None
     table: str = ""
     data: Mapping[str, Any] = field(default_factory=dict)  # the file's [tool.gleak] table as written
-    checked: BaseModel = field(default_factory=TopTable)  # the same, validated
+    checked: BaseModel | None = None  # the same, validated
 
     def lookup(self, name: str, cli: Cli) -> tuple[Any, Source] | None:
         """Setting ``name``'s value in this file and its source, or None when the file does not set it. A key whose
@@ -80,7 +85,7 @@ class LoadedConfig:
         raw = (self.data.get("audit") or {} if audit else self.data).get(config_key(name, cli))
         if raw is None:
             return None
-        if cli.file_type is not None:
+        if cli.file_type is not None and self.checked is not None:
             raw = getattr(self.checked.audit if audit else self.checked, name)  # type: ignore[attr-defined]
         if cli.relative_to_file:
             raw = [p if Path(p).is_absolute() else self.path.parent / p for p in raw]
@@ -131,7 +136,7 @@ def load_config(path: Path) -> LoadedConfig:
     if not isinstance(table, dict):
         raise GleakError(f"{_shown(path)}: [{prefix or 'gleak'}] must be a table")
     try:
-        checked = TopTable.model_validate(table)
+        checked = top_table().model_validate(table)
     except ValidationError as e:
         raise GleakError(config_error(_shown(path), prefix, e)) from None
     _check_thresholds(checked.audit.thresholds or {}, _at(_shown(path), _table(prefix, ("audit", "threshold"))))  # type: ignore[attr-defined]

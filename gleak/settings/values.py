@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from gleak.errors import GleakError, did_you_mean, shorten
-from gleak.registry import parse_assignments
 
 Severity = Literal["info", "low", "medium", "high", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "low", "medium", "high", "critical")
@@ -170,6 +169,8 @@ def attack_options(value: object) -> dict[str, dict[str, str]]:
         return {str(a): {str(k): str(v) for k, v in values.items()} for a, values in value.items()}
     if not isinstance(value, Iterable) or isinstance(value, str):
         raise Problem("must be ATTACK.KEY=VALUE items or a table of attacks")
+    from gleak.registry import parse_assignments  # here: its typed options' models cost start-up time
+
     return parse_assignments([str(v) for v in value], "-O", "ATTACK", "rlu.mc_samples=500")
 
 
@@ -204,7 +205,7 @@ class Thresholds(BaseModel):
     thresholds"). Label thresholds are rates in [0, 1]; image thresholds are identification over chance, κ in
     [0, 1]."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built when first used: --help stays fast
 
     labels_critical: float = Field(1.0, ge=0, le=1, description="best iAcc: every label recovered exactly")
     labels_high: float = Field(0.9, ge=0, le=1, description="best iAcc")

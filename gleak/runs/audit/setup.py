@@ -211,7 +211,7 @@ class ModelSet:
             self._lru.move_to_end(path)
             return self._lru[path]
         config = self.config or AuditConfig()
-        loaded = load_model(path, config.arch, config.arch_kwargs, config.trust_pickle)
+        loaded = load_model(path, config.arch, config.arch_kwargs, config.trust_pickle, config.trust_remote_code)
         self.loads += 1
         self._lru[path] = loaded
         while len(self._lru) > self.cache_size:

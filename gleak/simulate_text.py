@@ -1,0 +1,136 @@
+"""A federated client of a language model, simulated on text: one FedSGD gradient or m local steps on token
+batches, written as a text capture and its ground truth (docs/capture-format.md, "Captures of token batches").
+
+Each local step takes B examples of the data: distinct across the whole contribution when the data has m·B of
+them, else distinct within each step. All m·B examples are tokenised together, so every step's batch is padded to
+the same length T (the truth holds exactly what the model saw). The model runs in eval mode unless asked otherwise
+(dropout would make the client's inputs differ from what an attacker recomputes; METHODS-text §6)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gleak.capture import Capture, TextTruth, capture_token_gradients, capture_token_update, model_logits, token_loss
+from gleak.defenses import apply_defenses
+from gleak.errors import GleakError
+from gleak.simulate import ClientConfig, _optimizer
+from gleak.text_data import TextData, tokenize
+
+
+@dataclass(kw_only=True, frozen=True)
+class TextClientOptions:
+    """What a text client adds to :class:`~gleak.simulate.ClientConfig`: the truncation length, the model's mode,
+    and the folder's task and tokenizer (from :class:`gleak.models.text.TextModelInfo`)."""
+
+    task: str = "causal_lm"
+    max_length: int | None = None
+    train_mode: bool = False
+    tokenizer_sha256: str | None = None
+    num_labels: int | None = None
+
+
+def refuse_image_options(config: ClientConfig) -> None:
+    """Options that only make sense for images (or are not supported for text yet) are errors, in one line."""
+    loss = config.loss
+    refused = [
+        (config.mixup, "--mixup mixes images; it does not apply to text"),
+        (config.composition != "uniform", "--composition/--labels/--dirichlet-alpha draw batches by image class; a "
+                                          "text client takes random examples"),
+        (loss.name != "cross_entropy", "text clients train with cross-entropy (--loss cross_entropy)"),
+        (loss.reduction != "mean", "text losses are the mean over the non-pad targets (--reduction mean)"),
+        (loss.label_smoothing != 0 or loss.temperature != 1,
+         "--label-smoothing/--temperature do not apply to text clients yet"),
+        (any(d.training for d in config.defenses), "dpsgd is not supported for text clients yet; the defenses on "
+                                                   "what the client sends (gaussian, clip, topk, …) are"),
+    ]
+    for bad, message in refused:
+        if bad:
+            raise GleakError(message)
+
+
+def _pick(n: int, config: ClientConfig) -> list[list[int]]:
+    """Example indices per step (see the module's docstring)."""
+    gen = torch.Generator().manual_seed(config.seed)
+    b, m = config.batch_size, config.local_steps
+    if n >= b * m:
+        order = torch.randperm(n, generator=gen).tolist()
+        return [order[i * b:(i + 1) * b] for i in range(m)]
+    return [torch.randperm(n, generator=gen)[:b].tolist() for _ in range(m)]
+
+
+def _meta(config: ClientConfig) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "gleak.batch_size": config.batch_size, "gleak.num_examples": config.batch_size * config.local_steps,
+        "gleak.local_steps": config.local_steps, "gleak.learning_rate": config.learning_rate,
+        "gleak.optimizer": config.optimizer, "gleak.weight_decay": config.weight_decay,
+        "gleak.fl.scheme": config.scheme, "gleak.seed": config.seed, "gleak.batch.composition": "random",
+    }
+    if config.optimizer in ("sgdm", "nag"):
+        meta["gleak.momentum"] = config.momentum
+    if config.scheme == "fedprox":
+        meta["gleak.fl.mu"] = config.mu
+    return meta
+
+
+def simulate_text_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig,
+                         options: TextClientOptions, device: torch.device | str = "cpu"
+                         ) -> tuple[Capture, TextTruth]:
+    """Run the text client on ``data`` from ``model`` (left unchanged); return the capture and its truth."""
+    refuse_image_options(config)
+    device = torch.device(device)
+    if config.batch_size > len(data):
+        raise GleakError(f"a batch of {config.batch_size} examples needs at least that many; the data has {len(data)}")
+    classify = options.task == "sequence_classification"
+    if classify and data.labels is None:
+        raise GleakError(f"{data.path}: a sequence classifier trains on labelled text: give a .jsonl file with a "
+                         "\"label\" (class index) on every line")
+    steps = _pick(len(data), config)
+    flat = [i for step in steps for i in step]
+    batch = tokenize(tokenizer, [data.texts[i] for i in flat], options.max_length)
+    labels = torch.tensor([data.labels[i] for i in flat], dtype=torch.int64) if classify and data.labels else None
+    if labels is not None and options.num_labels is not None and int(labels.max()) >= options.num_labels:
+        raise GleakError(f"the data has label {int(labels.max())} but the model has {options.num_labels} classes")
+    task_keys: dict[str, Any] = {
+        "task": options.task, "tokenizer_sha256": options.tokenizer_sha256, "padding_side": batch.padding_side,
+        "max_length": options.max_length or int(batch.input_ids.shape[1]), "pad_token_id": batch.pad_token_id,
+        "train_mode": options.train_mode}
+    global_model = copy.deepcopy(model).to(device)
+    torch.manual_seed(config.seed)  # dropout, when the client trains in train mode
+    b = config.batch_size
+    ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+    if config.kind == "gradient":
+        capture = capture_token_gradients(global_model, ids, mask, None if labels is None else labels.to(device),
+                                          metadata=_meta(config), **task_keys)
+    else:
+        local = copy.deepcopy(global_model).train(options.train_mode)
+        anchor = {n: p.detach().clone() for n, p in global_model.named_parameters()}
+        trainable = [p for p in local.parameters() if p.requires_grad]
+        opt = _optimizer(trainable, config)
+        for step in range(config.local_steps):
+            rows = slice(step * b, (step + 1) * b)
+            opt.zero_grad(set_to_none=True)
+            logits = model_logits(local(input_ids=ids[rows], attention_mask=mask[rows]))
+            loss = token_loss(logits, ids[rows], mask[rows], None if labels is None else labels[rows].to(device),
+                              options.task)
+            if config.scheme == "fedprox":
+                prox = sum(((p - anchor[n]) ** 2).sum() for n, p in local.named_parameters() if p.requires_grad)
+                loss = loss + config.mu / 2 * prox
+            torch.autograd.backward(loss)
+            opt.step()
+        capture = capture_token_update(global_model, local, learning_rate=config.learning_rate,
+                                       local_steps=config.local_steps, batch_size=b, optimizer=config.optimizer,
+                                       momentum=config.momentum if config.optimizer in ("sgdm", "nag") else None,
+                                       weight_decay=config.weight_decay, scheme=config.scheme, metadata=_meta(config),
+                                       **task_keys)
+    if classify and options.num_labels is not None:
+        capture.meta["gleak.num_classes"] = options.num_labels
+    if config.defenses:
+        capture = apply_defenses(capture, list(config.defenses), config.seed)
+    truth = TextTruth(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels,
+                      meta={"gleak.batch_size": b, "gleak.local_steps": config.local_steps})
+    return capture, truth
