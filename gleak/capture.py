@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 from torch import nn
@@ -520,20 +520,13 @@ def save_text_truth(truth: TextTruth, path: str | Path, capture_path: str | Path
     """Write a text capture's ground truth (``input_ids``, ``attention_mask``, and ``labels`` for a classifier);
     binds it to the capture file's sha256 when given."""
     truth = _cpu_text_truth(truth)
-    meta: dict[str, Any] = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.kind": TRUTH_KIND,
-                            "gleak.modality": "text", **truth.meta}
-    if capture_path is not None:
-        meta["gleak.capture.sha256"] = file_sha256(capture_path)
-    return _save(truth.tensors(), format_metadata(meta, truth.extra), path, force)
+    return _save_truth_file(truth.tensors(), truth.meta, truth.extra, path, capture_path, force, modality="text")
 
 
 def load_text_truth(path: str | Path, capture: Capture | None = None) -> TextTruth:
     """Read a text capture's ground truth; when ``capture`` has a path, check the file belongs to it."""
     p = Path(path)
-    tensors, raw_meta = read_safetensors(p, "ground-truth file")
-    known, extra = parse_metadata(raw_meta)
-    if known.get("gleak.kind") != TRUTH_KIND:
-        raise GleakError(f"{p}: not a ground-truth file (gleak.kind is {known.get('gleak.kind')!r}, expected 'truth')")
+    tensors, known, extra = _read_truth_file(p)
     for name in ("input_ids", "attention_mask"):
         if name not in tensors:
             raise GleakError(f"{p}: a text ground-truth file needs the '{name}' tensor")
@@ -556,6 +549,29 @@ def _check_bound(p: Path, known: Mapping[str, Any], capture: Capture | None) -> 
                              f"capture is {actual[:12]}…)")
 
 
+def _read_truth_file(p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, str]]:
+    """A ground-truth file's tensors, typed metadata and unknown keys; refused unless ``gleak.kind`` is truth."""
+    tensors, raw_meta = read_safetensors(p, "ground-truth file")
+    known, extra = parse_metadata(raw_meta)
+    if known.get("gleak.kind") != TRUTH_KIND:
+        raise GleakError(f"{p}: not a ground-truth file (gleak.kind is {known.get('gleak.kind')!r}, expected 'truth')")
+    return tensors, known, extra
+
+
+def _save_truth_file(tensors: Mapping[str, torch.Tensor], truth_meta: Mapping[str, Any], extra: Mapping[str, str],
+                     path: str | Path, capture_path: str | Path | None, force: bool,
+                     modality: str | None = None) -> Path:
+    """Write a ground-truth file (``gleak.kind`` truth, ``gleak.modality`` when given, then the truth's own keys);
+    binds it to the capture file's sha256 when ``capture_path`` is given."""
+    meta: dict[str, Any] = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.kind": TRUTH_KIND}
+    if modality is not None:
+        meta["gleak.modality"] = modality
+    meta.update(truth_meta)
+    if capture_path is not None:
+        meta["gleak.capture.sha256"] = file_sha256(capture_path)
+    return _save(tensors, format_metadata(meta, extra), path, force)
+
+
 def _cpu_truth(truth: Truth) -> Truth:
     """Detached CPU tensors; integer class indices as int64 (the file format's hard-label type)."""
     labels = truth.labels.detach().cpu()
@@ -574,20 +590,14 @@ def truth_path_for(capture_path: str | Path) -> Path:
 def save_truth(truth: Truth, path: str | Path, capture_path: str | Path | None = None, force: bool = False) -> Path:
     """Write the ground-truth companion; binds it to the capture file's sha256 when given."""
     truth = _cpu_truth(truth)
-    meta: dict[str, Any] = {"format": "pt", "gleak.schema_version": SCHEMA_VERSION, "gleak.kind": TRUTH_KIND,
-                            **truth.meta}
-    if capture_path is not None:
-        meta["gleak.capture.sha256"] = file_sha256(capture_path)
-    return _save({"labels": truth.labels, "inputs": truth.inputs}, format_metadata(meta, truth.extra), path, force)
+    return _save_truth_file({"labels": truth.labels, "inputs": truth.inputs}, truth.meta, truth.extra, path,
+                            capture_path, force)
 
 
 def load_truth(path: str | Path, capture: Capture | None = None) -> Truth:
     """Read a truth file; when ``capture`` has a path, check the file belongs to it."""
     p = Path(path)
-    tensors, raw_meta = read_safetensors(p, "ground-truth file")
-    known, extra = parse_metadata(raw_meta)
-    if known.get("gleak.kind") != TRUTH_KIND:
-        raise GleakError(f"{p}: not a ground-truth file (gleak.kind is {known.get('gleak.kind')!r}, expected 'truth')")
+    tensors, known, extra = _read_truth_file(p)
     if known.get("gleak.modality") == "text" or "input_ids" in tensors:
         raise GleakError(f"{p}: the ground truth of a text capture (token batches: input_ids, attention_mask); "
                          "read it with gleak.capture.load_text_truth")
@@ -602,12 +612,7 @@ def load_truth(path: str | Path, capture: Capture | None = None) -> Truth:
     if labels.dim() not in (1, 2) or labels.shape[0] != inputs.shape[0]:
         raise GleakError(f"{p}: labels {list(labels.shape)} and inputs {list(inputs.shape)} disagree")
     check_finite({"labels": labels, "inputs": inputs}, what="truth tensor")
-    expected_sha = known.get("gleak.capture.sha256")
-    if capture is not None and capture.path is not None and expected_sha:
-        actual = file_sha256(capture.path)
-        if actual != expected_sha:
-            raise GleakError(f"{p}: ground truth belongs to a different capture (sha256 {expected_sha[:12]}…, "
-                             f"capture is {actual[:12]}…)")
+    _check_bound(p, known, capture)
     return Truth(labels=labels, inputs=inputs, meta=known, extra=extra)
 
 
@@ -812,6 +817,17 @@ def token_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: to
                                              ignore_index=IGNORE_INDEX)
 
 
+class TokenizerKeys(TypedDict, total=False):
+    """What a text capture records of its tokenizer, when given (``gleak simulate`` records it from the model
+    folder): keyword arguments of :func:`capture_token_gradients` and :func:`capture_token_update`, passed on to
+    :func:`text_metadata`."""
+
+    tokenizer_sha256: str | None
+    padding_side: str | None
+    max_length: int | None
+    pad_token_id: int | None
+
+
 def text_metadata(*, task: str, vocab_size: int | None, tokenizer_sha256: str | None = None,
                   padding_side: str | None = None, max_length: int | None = None,
                   pad_token_id: int | None = None, num_classes: int | None = None) -> dict[str, Any]:
@@ -849,11 +865,8 @@ def capture_token_gradients(
     *,
     task: str | None = None,
     train_mode: bool = False,
-    tokenizer_sha256: str | None = None,
-    padding_side: str | None = None,
-    max_length: int | None = None,
-    pad_token_id: int | None = None,
     metadata: Mapping[str, Any] | None = None,
+    **tokenizer: Unpack[TokenizerKeys],
 ) -> Capture:
     """FedSGD capture of a token batch: dL/dθ of one batch of B sequences.
 
@@ -883,12 +896,12 @@ def capture_token_gradients(
     tensors = {n: (g if g is not None else torch.zeros_like(p)).detach().cpu()
                for (n, p), g in zip(params.items(), grads, strict=True)}
     b = int(input_ids.shape[0])
+    tokenizer["max_length"] = tokenizer.get("max_length") or int(input_ids.shape[1])
     meta: dict[str, Any] = {
         "gleak.model.sha256": global_hash, "gleak.kind": "gradient", "gleak.batch_size": b, "gleak.num_examples": b,
         "gleak.local_steps": 1, "gleak.fl.scheme": "fedsgd", "gleak.model.train_mode": train_mode,
-        **text_metadata(task=task, vocab_size=_vocab_size(model, logits, task), tokenizer_sha256=tokenizer_sha256,
-                        padding_side=padding_side, max_length=max_length or int(input_ids.shape[1]),
-                        pad_token_id=pad_token_id, num_classes=int(logits.shape[-1]) if logits.dim() == 2 else None),
+        **text_metadata(task=task, vocab_size=_vocab_size(model, logits, task),
+                        num_classes=int(logits.shape[-1]) if logits.dim() == 2 else None, **tokenizer),
     }
     meta.update(metadata or {})
     return Capture(tensors=tensors, meta=meta)
@@ -907,11 +920,8 @@ def capture_token_update(
     weight_decay: float | None = None,
     scheme: str = "fedavg",
     train_mode: bool = False,
-    tokenizer_sha256: str | None = None,
-    padding_side: str | None = None,
-    max_length: int | None = None,
-    pad_token_id: int | None = None,
     metadata: Mapping[str, Any] | None = None,
+    **tokenizer: Unpack[TokenizerKeys],
 ) -> Capture:
     """FedAvg-style capture of a language model: Δθ = θ_local − θ_global of every trainable parameter (by
     ``named_parameters()``, a tied weight once), with how the client trained and the text keys of
@@ -932,9 +942,8 @@ def capture_token_update(
         logits_width = int(head[-1].shape[0]) if head else None
     capture.meta.update({
         "gleak.model.sha256": tensors_sha256(global_model.state_dict()), "gleak.model.train_mode": train_mode,
-        **text_metadata(task=task, vocab_size=_vocab_size(global_model, None, task),
-                        tokenizer_sha256=tokenizer_sha256, padding_side=padding_side, max_length=max_length,
-                        pad_token_id=pad_token_id, num_classes=logits_width),
+        **text_metadata(task=task, vocab_size=_vocab_size(global_model, None, task), num_classes=logits_width,
+                        **tokenizer),
     })
     capture.meta.update(metadata or {})
     return capture

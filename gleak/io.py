@@ -426,6 +426,18 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
 def safetensors_kind(path: Path) -> str | None:
     """``gleak.kind`` from a safetensors header, reading neither the tensors nor checking them (None when the
     file is not a readable safetensors file or records no kind): for telling gleak files apart cheaply."""
+    return header_value(path, "gleak.kind")
+
+
+def header_value(path: Path, key: str) -> str | None:
+    """One metadata value of a safetensors header (``gleak.kind``, ``gleak.modality``), reading no tensor (None when
+    the file is not a regular, readable safetensors file or does not record it: a pipe or a device is never opened,
+    so this never blocks)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+    except (OSError, ValueError):
+        return None
     try:
         with path.open("rb") as f:
             raw = f.read(8)
@@ -438,8 +450,8 @@ def safetensors_kind(path: Path) -> str | None:
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
-    kind = meta.get("gleak.kind") if isinstance(meta, dict) else None
-    return kind if isinstance(kind, str) else None
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def read_safetensors(path: str | Path, what: str = "file") -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Refresh the lock: resolve pyproject.toml's dependencies (every extra together, for every platform, newest versions
 # within the declared ranges) with uv, then export the pinned, hash-checked requirement files the set-up installs:
-# lock/dev.txt (gleak and its dev tools: make demo, the fast suite) and lock/all.txt (also docs, flower, nvflare,
-# ray, text: make test, CI). uv's own uv.lock stays out of the repository: it names the index's hosts, the exports do not.
+# lock/dev.txt (gleak, its dev tools and the text extra: make demo, the fast suite) and lock/all.txt (also docs,
+# flower, nvflare, ray: make test, CI). uv's own uv.lock stays out of the repository: it names the index's hosts, the exports do not.
 # --check: resolve again without upgrading and fail if the exports would change (pyproject.toml edited, lock not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +26,6 @@ if $check; then
     exit 0
 fi
 $UV lock -q --upgrade
-$UV export -q --frozen --no-emit-project --extra dev -o lock/dev.txt
+$UV export -q --frozen --no-emit-project --extra dev --extra text -o lock/dev.txt
 $UV export -q --frozen --no-emit-project --all-extras -o lock/all.txt
 echo "lock/dev.txt: $(grep -cE '^[A-Za-z0-9_.-]+==' lock/dev.txt) packages; lock/all.txt: $(grep -cE '^[A-Za-z0-9_.-]+==' lock/all.txt)"

@@ -435,7 +435,13 @@ def build_context(capture: Capture, model: LoadedModel | None = None, aux: Datas
     """Validate model vs capture, find the last layer, form the gradient view; attacks then read only this.
 
     A model whose weights differ from the capture's ``gleak.model.sha256`` is refused unless
-    ``allow_model_mismatch`` (the result is recorded in ``Context.model_check``)."""
+    ``allow_model_mismatch`` (the result is recorded in ``Context.model_check``). A language model's capture
+    (``gleak.modality`` text) gets :func:`build_text_context`."""
+    if capture.get("gleak.modality") == "text":
+        if model is None:
+            raise GleakError("a language model's capture needs its model: --model DIR (the Hugging Face folder)")
+        return build_text_context(capture, model, seed=seed, allow_model_mismatch=allow_model_mismatch,
+                                  max_memory=max_memory)
     device = torch.device(device)
     module = None
     no_forward = None
@@ -499,3 +505,54 @@ def _client_mode(capture: Capture, module: nn.Module | None) -> tuple[bool, str 
         return False, f"eval mode ({source}): BatchNorm uses its running averages"
     return True, (f"train mode ({source}): BatchNorm uses the statistics of each batch of B = "
                   f"{capture.batch_size or '?'}; dropout off")
+
+
+def _meta_int(capture: Capture, model: LoadedModel, key: str) -> int | None:
+    """An integer the capture records, else the one the model folder describes (None when neither does)."""
+    value = capture.get(key)
+    if value is None:
+        value = model.metadata.get(key)
+    return None if value is None else int(value)
+
+
+def build_text_context(capture: Capture, model: LoadedModel, *, seed: int = 0, allow_model_mismatch: bool = False,
+                       max_memory: int | None = None) -> Context:
+    """The context of a language model's capture: the model checked against it (tensor names and shapes, the
+    weights' hash), and the plain description the token attacks read (:class:`TextModelSpec`). The label view is
+    the output layer (the LM head, or the embedding it is tied to) without a gradient view: the image-classifier
+    label attacks report that they do not apply."""
+    if model.metadata.get("gleak.modality") != "text":
+        raise GleakError(f"this is a language model's capture, but the model ({model.source}) is not a Hugging Face "
+                         "model folder: give --model DIR, the folder the capture was made with")
+    validate_against_model(capture, model.module)
+    model_check = check_model_hash(capture, model.weights_sha256 or tensors_sha256(model.module.state_dict()),
+                                   allow_model_mismatch)
+    task = str(capture.get("gleak.task") or model.metadata.get("gleak.task") or "causal_lm")
+    embeddings: Any = model.module.get_input_embeddings()  # type: ignore[operator]
+    vocab, hidden = int(embeddings.weight.shape[0]), int(embeddings.weight.shape[1])
+    names = [name for name, _ in model.module.named_parameters()]
+    learned_positions = any(n.endswith(("wpe.weight", "position_embeddings.weight", "embed_positions.weight"))
+                            for n in names)
+    lr = capture.get("gleak.learning_rate")
+    spec = TextModelSpec(
+        model_type=str(model.metadata.get("gleak.model_type", "?")), vocab_size=vocab, hidden_size=hidden,
+        tie_word_embeddings=model.metadata.get("gleak.tie_word_embeddings") == "true",
+        n_positions=_meta_int(capture, model, "gleak.max_positions") if learned_positions else None,
+        pad_token_id=_meta_int(capture, model, "gleak.pad_token_id"),
+        bos_token_id=_meta_int(capture, model, "gleak.bos_token_id"),
+        eos_token_id=_meta_int(capture, model, "gleak.eos_token_id"),
+        task="sequence_classification" if task == "sequence_classification" else "causal_lm",
+        kind="update" if capture.kind == "update" else "gradient", local_steps=capture.local_steps,
+        learning_rate=None if lr is None else float(lr), batch_size=capture.batch_size,
+        max_length=_meta_int(capture, model, "gleak.max_length"))
+    head: Any = model.module.get_output_embeddings() if task == "causal_lm" else None  # type: ignore[operator]
+    weight = (head.weight if head is not None else embeddings.weight).detach()
+    layer = LastLayer(name="lm_head", weight_key="lm_head.weight", bias_key=None, weight=weight, bias=None,
+                      grad_weight=None, grad_bias=None, num_classes=int(weight.shape[0]), feature_dim=hidden,
+                      reason="a language model's output layer (the token attacks read the capture's tensors)")
+    return Context(capture=capture, layer=layer, model=model.module, num_classes=int(weight.shape[0]),
+                   batch_size=capture.batch_size, local_steps=capture.local_steps,
+                   loss=LossSpec(), seed=seed, model_check=model_check, max_memory=max_memory, text_model=spec,
+                   no_gradient_reason="a language model's capture: the label attacks of image classifiers do not "
+                                      "apply (the token attacks do: gleak labels runs them)",
+                   no_forward_reason="a language model's capture")

@@ -42,6 +42,7 @@ from gleak.settings.audit import (
     Lpips,
     MaxMemory,
     Seed,
+    ShowText,
     Threads,
     TrustPickle,
     TrustRemoteCode,
@@ -84,6 +85,7 @@ FcLayerOpt = Annotated[str | None, typer.Option("--fc-layer", help="Name of the 
 ArchOpt = option(Arch)
 ArchKwargsOpt = option(ArchKwargs)
 TrustPickleOpt = option(TrustPickle)
+ShowTextOpt = option(ShowText)
 TrustRemoteCodeOpt = option(TrustRemoteCode)
 DeviceOpt = option(Device)
 SeedOpt = option(Seed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,6 +25,7 @@ from gleak.cli.common import (
     NoTruthOpt,
     QuietOpt,
     SeedOpt,
+    ShowTextOpt,
     TrustPickleOpt,
     TrustRemoteCodeOpt,
     TruthOpt,
@@ -36,6 +37,9 @@ from gleak.cli.common import (
     print_json,
 )
 from gleak.errors import GleakError
+
+if TYPE_CHECKING:
+    from gleak.report.model import LabelsReport, TokensReport
 
 
 @handle_errors
@@ -69,6 +73,7 @@ def labels(
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    show_text: ShowTextOpt = False,
     fc_layer: FcLayerOpt = None,
     allow_model_mismatch: AllowMismatchOpt = False,
     device: DeviceOpt = "auto",
@@ -99,7 +104,7 @@ def labels(
                                          "temperature": temperature, "label_smoothing": label_smoothing},
                          allow_model_mismatch=allow_model_mismatch, max_memory=max_memory),
         attacks=attack, flags={"augmentation": augmentation} if augmentation is not None else {},
-        options=parse_option_assignments(option or []), confidence=confidence)
+        options=parse_option_assignments(option or []), confidence=confidence, show_text=show_text)
     request.check()  # every option and attack name, before any file is read or written
     if output is not None:
         check_writable(output, force)
@@ -112,10 +117,19 @@ def labels(
     if format == "json":
         print_json(data)
     elif not quiet or report.results:
-        from gleak.report.formats.console import print_labels
-
-        print_labels(console, report)
+        _print(report)
     if why is not None:
         from gleak.errors import ReportedError
 
         raise ReportedError(f"{why} (reasons in the JSON report)" if format == "json" else f"{why} (reasons above)")
+
+
+def _print(report: LabelsReport | TokensReport) -> None:
+    """The console's table: label counts, or a language model's recovered tokens (ids and scores, never text)."""
+    from gleak.report.formats.console import print_labels, print_tokens
+    from gleak.report.model import TokensReport
+
+    if isinstance(report, TokensReport):
+        print_tokens(console, report)
+    else:
+        print_labels(console, report)

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 from pydantic.json_schema import models_json_schema
 
 from gleak.model_check import ModelCheck as ModelCheck  # the one type: made by gleak.capture.check_model_hash
@@ -158,13 +158,30 @@ class CaptureReport(_Model):
     seconds: float = 0.0
     stage_seconds: dict[str, float] | None = Field(None, description="where the time went: load (files, hashes), "
                                                    "context, labels, reconstruction")
+    tokens: list[TokenResult] | None = Field(None, description="a language model's capture: the token attacks' "
+                                             "results (token ids, counts and scores; never decoded text: the audit "
+                                             "has no --show-text); absent for other captures")
 
+    @model_serializer(mode="wrap")
+    def _without_absent_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``tokens`` is left out of the JSON of a capture that has none (every image capture's report keeps its
+        bytes)."""
+        data: dict[str, Any] = handler(self)
+        if data.get("tokens", ...) is None:
+            del data["tokens"]
+        return data
 
     def best_label(self) -> AttackEntry | None:
         """The label attack with the highest iAcc against the truth (the first on a tie), or None when none was
         scored — what GLEAK-LABELS, the run view and every format report as "the best label attack"."""
         scored = [a for a in self.attacks if a.task == "labels" and a.scores and a.scores.get("iacc") is not None]
         return max(scored, key=lambda a: float((a.scores or {})["iacc"] or 0.0), default=None)
+
+    def best_tokens(self) -> TokenResult | None:
+        """The token attack with the highest recall against the truth's tokens (the first on a tie), or None when
+        none was scored — what GLEAK-TEXT-TOKENS and every format report as "the best token attack"."""
+        scored = [t for t in self.tokens or [] if t.status == "ok" and t.scores and "recall" in t.scores]
+        return max(scored, key=lambda t: float((t.scores or {})["recall"]), default=None)
 
 
 class SeriesInfo(_Model):
@@ -422,6 +439,60 @@ class LabelsReport(CommandReport):
     threads: int
     truth_soft_label: list[float] | None
     ignored_options: list[str] = Field(description="options the user set that no attack that ran used")
+
+
+class RecoveredToken(_Model):
+    """One token a token attack recovered: its id and rough count; its text only with ``--show-text``."""
+
+    id: int
+    count: int
+    text: str | None = Field(None, description="the decoded token: present only when the run asked for it "
+                             "(--show-text); recovered text is the client's data itself")
+
+
+class TokenResult(_Model):
+    """One token attack's result (ids and counts; scored against the truth's token multiset when known)."""
+
+    attack: str
+    status: Status
+    seconds: float
+    reason: str | None = Field(None, description="why it did not apply, failed or raised (one line)")
+    options: dict[str, Any] | None = None
+    method: str | None = Field(None, description="how the tokens were told apart (e.g. nonzero-rows, span-residual, "
+                               "row-norm)")
+    truth: str | None = Field(None, description="what the scores compare with: inputs (the tokens the model read), "
+                              "targets (the tokens it predicted) or all")
+    tokens: list[RecoveredToken] | None = None
+    max_length: int | None = Field(None, description="the longest sequence (seq-length)")
+    lengths: dict[str, int] | None = Field(None, description="sequence length -> sequences (seq-length, heuristic)")
+    scores: dict[str, float] | None = Field(None, description="precision, recall and F1 over distinct tokens, count "
+                                            "accuracy, sensitive_recall, and each one's chance_ value")
+    diagnostics: dict[str, Any] | None = None
+    warnings: list[str]
+
+
+class TokensReport(CommandReport):
+    """``gleak labels`` on a language model's capture: the token attacks' results. No decoded text unless the run
+    asked for it (``show_text``)."""
+
+    report: Literal["tokens"] = "tokens"
+    capture: str
+    kind: str
+    task: str
+    model_type: str
+    vocab_size: int
+    batch_size: int | None
+    local_steps: int
+    tied_embeddings: bool
+    truth_file: str | None
+    model_check: ModelCheck | None
+    truth_tokens: dict[str, int] | None = Field(None, description="distinct tokens of the truth's inputs, targets "
+                                                "and all (counts of ids, never the text)")
+    sensitive_tokens: int | None = Field(None, description="distinct tokens of the batch that hold a digit or start "
+                                         "with a capital letter (names, dates, record numbers)")
+    show_text: bool = False
+    results: list[TokenResult]
+    threads: int
 
 
 class ReconstructLabels(_Model):
@@ -782,8 +853,8 @@ class SweepReport(CommandReport):
         return self.model_dump(mode="json")
 
 
-REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, ReconstructReport, InspectReport, SweepReport,
-                                        TrainGeneratorReport, ErrorReport)
+REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, TokensReport, ReconstructReport, InspectReport,
+                                        SweepReport, TrainGeneratorReport, ErrorReport)
 
 
 def json_schema() -> dict[str, Any]:
@@ -793,9 +864,9 @@ def json_schema() -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://gleak.invalid/report/v{SCHEMA_VERSION}/schema.json",
         "title": "gleak report",
-        "description": "A JSON document gleak writes: the audit, labels, reconstruct, inspect, sweep or "
-                       "train-generator report, or the error of a command run with --format json (the key 'report' "
-                       "names which).",
+        "description": "A JSON document gleak writes: the audit, labels, tokens (labels on a language model's "
+                       "capture), reconstruct, inspect, sweep or train-generator report, or the error of a command run "
+                       "with --format json (the key 'report' names which).",
         "oneOf": [{"$ref": f"#/$defs/{m.__name__}"} for m in REPORTS],
         "$defs": defs["$defs"],
     }

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gleak.attacks import Context, build_context
-from gleak.capture import Truth, load_capture, load_truth, truth_path_for
+from gleak.capture import TextTruth, Truth, load_capture, load_text_truth, load_truth, truth_path_for
 from gleak.data import Dataset, load_dataset
 from gleak.errors import TRUTH_CONTRADICTION, GleakError
 from gleak.io import companion_exists
@@ -117,6 +117,7 @@ class Inputs:
     ctx: Context
     truth: Truth | None
     truth_path: Path | None
+    text_truth: TextTruth | None = None  # a language model's capture: the token batches it was made from
 
 
 def open_inputs(spec: InputSpec) -> Inputs:
@@ -138,6 +139,9 @@ def open_inputs(spec: InputSpec) -> Inputs:
                         spec.batch_size, loss, spec.allow_model_mismatch,
                         memory_limit(spec.max_memory))
     truth_file = spec.truth_file()
+    if ctx.text_model is not None:
+        text_truth = load_text_truth(truth_file, cap) if truth_file is not None else None
+        return Inputs(spec, ctx, None, truth_file, text_truth)
     truth = load_truth(truth_file, cap) if truth_file is not None else None
     if truth is not None:
         truth.check(ctx.num_classes, ctx.total_examples, f"ground truth {truth_file}")

@@ -14,10 +14,13 @@ from gleak import __version__
 from gleak.attacks.base import Attack
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.attacks.registry import attack_class, resolve_assignments
+from gleak.errors import GleakError
+from gleak.io import header_value
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.registry import check_flag_conflicts, resolve_options
-from gleak.report.model import ChanceScores, LabelResult, LabelsReport, LossInfo
+from gleak.report.model import ChanceScores, LabelResult, LabelsReport, LossInfo, TokensReport
 from gleak.runs.inputs import InputSpec, model_mode_of, open_inputs, soft_truth
+from gleak.runs.tokens import run_tokens
 
 # dedicated flags of `gleak labels` -> the attack whose option they set
 FLAG_OWNERS = {"augmentation": "softlabel"}
@@ -34,10 +37,18 @@ class LabelsRequest:
     flags: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     confidence: int = 0
+    show_text: bool = False  # a language model's capture: decoded tokens in the report (the leak itself)
+
+    @property
+    def task(self) -> str:
+        """``tokens`` for a language model's capture (its header says so), else ``labels``."""
+        return "tokens" if header_value(self.inputs.capture, "gleak.modality") == "text" else "labels"
 
     def check(self) -> list[Attack]:
         """Every option and attack name checked before any file is read (one-line GleakErrors); the attacks to
         run, not yet configured."""
+        if self.task == "tokens":
+            return self._check_tokens()
         for key, value in self.flags.items():
             owner = FLAG_OWNERS[key]
             check_flag_conflicts({key: value}, self.options, [owner])
@@ -45,17 +56,31 @@ class LabelsRequest:
         resolve_assignments(self.options, task="labels")  # every -O checked before any work
         return select_attacks("labels", self.attacks)
 
+    def _check_tokens(self) -> list[Attack]:
+        """A language model's capture: the token attacks, and the options that only image captures take refused."""
+        for key in self.flags:
+            raise GleakError(f"--{key} applies to image classifiers' captures; this is a language model's capture")
+        if self.confidence:
+            raise GleakError("--confidence calibrates the label attacks of image classifiers; it does not apply to "
+                             "a language model's capture")
+        resolve_assignments(self.options, task="tokens")
+        return select_attacks("tokens", self.attacks)
+
     def attack_options(self, name: str) -> dict[str, Any]:
         """What configures attack ``name``: its flags, then its ``-O`` values."""
         flags = {k: v for k, v in self.flags.items() if FLAG_OWNERS[k] == name}
         return {**flags, **self.options.get(name, {})}
 
 
-def run_labels(request: LabelsRequest, progress: Callable[[str], None] | None = None) -> LabelsReport:
+def run_labels(request: LabelsRequest,
+               progress: Callable[[str], None] | None = None) -> LabelsReport | TokensReport:
     """Open the inputs, run and score the label attacks; the typed report (``progress`` is called with each
-    attack's name as it starts)."""
+    attack's name as it starts). A language model's capture gets the token attacks and a
+    :class:`~gleak.report.model.TokensReport` (:func:`gleak.runs.tokens.run_tokens`)."""
     chosen = request.check()
     inputs = open_inputs(request.inputs)
+    if inputs.ctx.text_model is not None:
+        return run_tokens(inputs, chosen, request.options, request.show_text, progress)
     ctx = inputs.ctx
     counts = truth_counts(inputs.truth.labels, ctx.num_classes) if inputs.truth is not None else None
     truth_soft = soft_truth(ctx, inputs.truth)
@@ -86,11 +111,12 @@ def run_labels(request: LabelsRequest, progress: Callable[[str], None] | None = 
         ignored_options=ignored)
 
 
-def no_counts_reason(report: LabelsReport) -> str | None:
+def no_counts_reason(report: LabelsReport | TokensReport) -> str | None:
     """Why no attack gave an answer (every one not applicable, or every one that ran failed), or None. An attack
     that abstained answered (the calibrated selector: no attack beats chance here) — that is not bad input."""
+    noun = "token" if isinstance(report, TokensReport) else "label"
     if any(r.status in ("ok", "abstained") for r in report.results):
         return None
     if all(r.status == "not_applicable" for r in report.results):
-        return "no label attack applies to this capture"
-    return "no label attack gave counts for this capture"
+        return f"no {noun} attack applies to this capture"
+    return f"no {noun} attack gave {'tokens' if noun == 'token' else 'counts'} for this capture"

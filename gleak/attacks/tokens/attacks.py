@@ -23,6 +23,7 @@ from gleak.errors import GleakError
 
 TEXT = Requirements(needs_text=True, gradient_view=False, needs_batch_size=False)
 DEFAULT_EXCLUDE = 4096  # reference-set exclusion when B and the padded length are not known
+FILM = "Gupta et al., Recovering Private Text in Federated Learning of Language Models (FILM), NeurIPS 2022"
 
 
 def _output(bag: Bag, extra: dict[str, Any] | None = None, warnings: list[str] | None = None) -> TokenOutput:
@@ -120,7 +121,7 @@ class TokenBag(TokenAttack):
     two d × d float64 matrices (Gram and eigenvectors: 268 MB at d = 4096)."""
 
     name = "token-bag"
-    paper = "Gupta et al., Recovering Private Text in Federated Learning of Language Models (FILM), NeurIPS 2022"
+    paper = FILM
     summary = "bag of input tokens from the token-embedding gradient (tied: span-residual separation)"
     Options = TokenBagOptions
     options: TokenBagOptions
@@ -215,7 +216,7 @@ class SequenceLength(TokenAttack):
     applicable. Peak extra memory: one float64 copy of the table."""
 
     name = "seq-length"
-    paper = "Gupta et al., Recovering Private Text in Federated Learning of Language Models (FILM), NeurIPS 2022"
+    paper = FILM
     summary = "maximum sequence length and a length histogram from the position-embedding gradient"
     Options = SequenceLengthOptions
     options: SequenceLengthOptions

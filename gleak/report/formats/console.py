@@ -18,6 +18,7 @@ from rich.table import Table
 from gleak.report.formats.text import fmt_number
 from gleak.report.model import (
     AttackInfo,
+    CaptureReport,
     DefenseInfo,
     ImageMetrics,
     InspectReport,
@@ -25,6 +26,7 @@ from gleak.report.model import (
     LabelsReport,
     ReconstructReport,
     Report,
+    TokensReport,
     TrainGeneratorReport,
 )
 from gleak.settings.declare import Resolved
@@ -144,6 +146,41 @@ def _composition_words(name: str, measured: Mapping[str, Any]) -> str:
     if name == "dirichlet" and measured.get("alpha") is not None:
         return f"Dirichlet({measured['alpha']:g}) class shares, a non-IID client"
     return str(measured.get("assumes", name))
+
+
+def print_tokens(console: Console, report: TokensReport) -> None:
+    """`gleak labels` on a language model's capture: one row per token attack with the number of tokens it
+    recovered and, with the truth, precision / recall / F1 next to chance F1 and the recall of the sensitive tokens
+    (digits, capitals). Never decoded text: the console is
+    where CI logs come from (the JSON holds the text only with --show-text)."""
+    console.print(f"[bold]{escape(report.capture)}[/]: {report.kind}, {report.model_type} ({report.task}), "
+                  f"V = {report.vocab_size}, B = {report.batch_size}"
+                  + (f", m = {report.local_steps} steps" if report.local_steps > 1 else "")
+                  + (", tied embeddings" if report.tied_embeddings else ""), soft_wrap=True)
+    if report.truth_tokens is not None:
+        console.print(f"truth: {report.truth_tokens.get('inputs', 0)} distinct input tokens, "
+                      f"{report.truth_tokens.get('targets', 0)} distinct targets"
+                      + (f", {report.sensitive_tokens} sensitive (digits, capitals)"
+                         if report.sensitive_tokens is not None else ""))
+    table = Table(show_lines=False)
+    for col in ("attack", "method", "tokens", "prec.", "recall", "F1", "chance", "sens."):
+        left = col in ("attack", "method")
+        table.add_column(col, justify="left" if left else "right", no_wrap=not left, overflow="fold",
+                         min_width=11 if left else None)
+    reasons = []
+    for r in report.results:
+        sc = r.scores or {}
+        cells = [f"{sc[k]:.3f}" if k in sc else "—" for k in ("precision", "recall", "f1", "chance_f1",
+                                                                "sensitive_recall")]
+        found = (str(len(r.tokens)) if r.tokens else (f"len {r.max_length}" if r.max_length else "—"))
+        table.add_row(r.attack, r.method or "—", found if r.status == "ok" else r.status, *cells)
+        if r.reason:
+            reasons.append(f"{r.attack}: {escape(r.reason)}")
+    console.print(table)
+    for line in reasons:
+        console.print(f"[dim]{line}[/]", soft_wrap=True)
+    if report.show_text:
+        console.print("[dim]decoded tokens: in the JSON report only (--format json or -o FILE)[/]")
 
 
 def print_soft_labels(console: Console, report: LabelsReport, rows: Sequence[LabelResult]) -> None:
@@ -388,6 +425,8 @@ def print_audit(console: Console, report: Report) -> None:
                 images = f"{recon.attack} {psnr:.1f} dB"
             else:
                 images = f"{recon.attack} ({recon.status})" if recon.status != "ok" else recon.attack
+        if c.tokens is not None:  # a language model's capture: the token attacks, never their text
+            label, iacc, images = _token_cells(c)
         found = by_capture.get(c.capture.path, [])
         worst = max((f.severity for f in found), key=severity_rank, default=None)
         kind = f"{KIND_SHORT.get(c.kind or '', c.kind)} B={c.batch_size}" + (
@@ -413,6 +452,16 @@ def print_audit(console: Console, report: Report) -> None:
     else:
         console.print(f"[bold green]PASS[/]: no finding at or above --fail-on {report.fail_on}"
                       + (f" --fail-rounds {report.fail_rounds}" if report.fail_rounds != "any" else ""))
+
+
+def _token_cells(c: CaptureReport) -> tuple[str, str, str]:
+    """A language model's capture in the audit table: (the best token attack, its recall / chance recall, images)."""
+    best = c.best_tokens()
+    if best is not None:
+        scores = best.scores or {}
+        return f"{best.attack} recall", f"{scores['recall']:.2f}/{scores.get('chance_recall', 0.0):.2f}", "— (text)"
+    ran = [t.attack for t in c.tokens or [] if t.status == "ok"]
+    return ("tokens, no truth" if ran and c.truth is None else "no token attack scored"), "—", "— (text)"
 
 
 def _status(status: str) -> str:

@@ -46,6 +46,8 @@ SCORE_KEYS = ("iacc", "cacc", "exact", "identification", "psnr", "ssim", "lpips"
 SCORE_LABELS = {"iacc": "iAcc", "cacc": "cAcc", "exact": "exact", "identification": "identified",
                 "identification_chance": "chance", "psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS"}
 IMAGE_SCORE_KEYS = ("identification", "psnr", "ssim", "lpips")
+# a language model's capture: the token attacks' scores shown, in order (never the tokens' text)
+TOKEN_SCORE_KEYS = ("precision", "recall", "f1", "count_accuracy", "chance_recall", "sensitive_recall")
 
 
 SORT_SCRIPT = """
@@ -240,6 +242,19 @@ def _attack_context(attack: AttackEntry, out_dir: Path | None) -> dict[str, Any]
     }
 
 
+def _token_rows(capture: CaptureReport) -> list[dict[str, Any]]:
+    """A language model's capture: one row per token attack — how many distinct token ids it recovered, its scores,
+    why it did not run; never decoded text (the audit has none to show)."""
+    rows = []
+    for t in capture.tokens or []:
+        scores = t.scores or {}
+        rows.append({"attack": t.attack, "status": t.status, "method": t.method or "", "truth": t.truth or "",
+                     "found": str(len(t.tokens)) if t.tokens else (f"length {t.max_length}" if t.max_length else ""),
+                     "scores": [format_number(scores.get(k)) if k in scores else "" for k in TOKEN_SCORE_KEYS],
+                     "seconds": f"{t.seconds:.2f}", "reason": t.reason or "", "warnings": t.warnings})
+    return rows
+
+
 def _defense_text(record: dict[str, Any]) -> str:
     """'clip (norm=4.0)' — one recorded defense, its options set."""
     options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
@@ -281,6 +296,8 @@ def _capture_context(index: int, capture: CaptureReport, out_dir: Path | None) -
         "score_keys": [k for k in SCORE_KEYS if any(k in a["scores"] for a in attacks)],
         "score_labels": SCORE_LABELS,
         "skipped": capture.skipped,
+        "tokens": _token_rows(capture),
+        "token_score_keys": TOKEN_SCORE_KEYS,
     }
 
 

@@ -9,7 +9,8 @@ path and ``name`` the check:
   ``soft-label`` (``GLEAK-SOFT-LABEL``) and ``images`` (``GLEAK-IMAGES``, ``GLEAK-IMAGES-EXPECTED``) — a
   ``<failure>`` when a finding is at or above ``--fail-on``; a pass, with the findings below it in
   ``<system-out>``, otherwise; ``<skipped>`` when the check did not run (the reason from the capture's
-  ``skipped`` list where it has one).
+  ``skipped`` list where it has one). A language model's capture has the one check ``tokens``
+  (``GLEAK-TEXT-TOKENS``) instead.
 
 With ``--fail-rounds last:K`` a capture outside the K latest rounds fails no check: its findings are listed in
 ``<system-out>``; with ``all`` no capture check fails and the run's ``gate`` case below decides. When captures
@@ -39,6 +40,7 @@ FILENAME = "junit.xml"
 SUITE = "gleak audit"
 ROUNDS_SUITE = "gleak audit: rounds"
 CHECKS: tuple[str, ...] = ("labels", "soft-label", "images")
+TEXT_CHECKS: tuple[str, ...] = ("tokens",)  # a language model's capture
 CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-LABELS": "labels",
     "GLEAK-LABELS-AGREE": "labels",
@@ -47,6 +49,7 @@ CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-SOFT-LABEL": "soft-label",
     "GLEAK-IMAGES": "images",
     "GLEAK-IMAGES-EXPECTED": "images",
+    "GLEAK-TEXT-TOKENS": "tokens",
 }
 
 # Everything outside XML 1.0's Char production: C0 controls but tab/newline/return, surrogates, U+FFFE/U+FFFF.
@@ -114,6 +117,12 @@ def _skip_reason(capture: CaptureReport, check: str) -> str | None:
         if capture.batch_size is not None and capture.batch_size != 1:
             return f"soft-label recovery applies to a single example (batch size {capture.batch_size})"
         return "no label attack recovered a soft label"
+    if check == "tokens":
+        if capture.best_tokens() is not None:
+            return None
+        if any(t.status == "ok" for t in capture.tokens or []):
+            return "no ground truth: the recovered tokens could not be scored"
+        return "no token attack ran"
     if check == "images":
         recon = [a for a in capture.attacks if a.task == "reconstruct"]
         if any(a.scores and a.scores.get("psnr") is not None for a in recon) or capture.expected_images:
@@ -128,6 +137,8 @@ def _skip_reason(capture: CaptureReport, check: str) -> str | None:
 
 
 def _check_seconds(capture: CaptureReport, check: str) -> float:
+    if check == "tokens":
+        return sum(t.seconds for t in capture.tokens or [])
     task = {"labels": "labels", "images": "reconstruct"}.get(check)
     return sum(a.seconds for a in capture.attacks if a.task == task) if task else 0.0
 
@@ -228,7 +239,8 @@ def build(report: Report) -> ET.Element:
             error.text = xml_text(message)
             continue
         suite.case(path, "input", 0.0)
-        checks = list(CHECKS) + sorted({check_of(f.rule) for f in findings} - set(CHECKS))
+        base = TEXT_CHECKS if capture.tokens is not None else CHECKS
+        checks = list(base) + sorted({check_of(f.rule) for f in findings} - set(base))
         for check in checks:
             mine = [f for f in findings if check_of(f.rule) == check]
             suite.check(path, check, mine, _skip_reason(capture, check), _check_seconds(capture, check),

@@ -80,6 +80,8 @@ def _capture_row(capture: CaptureReport) -> str:
     name = md_escape(capture.capture.path)
     if capture.status == "error":
         return f"| {name} | error: {md_escape(capture.error or 'unknown')} | — | — | — | — |"
+    if capture.tokens is not None:
+        return _token_row(name, capture)
     best = _best_label_attack(capture)
     iacc = (best.scores or {}).get("iacc") if best else None
     chance = (capture.chance or {}).get("iacc")
@@ -154,6 +156,20 @@ def privacy_lines(privacy: RunPrivacy) -> list[str]:
     if len(privacy.clients) > MAX_CLIENT_ROWS:
         lines.append(f"| … {len(privacy.clients) - MAX_CLIENT_ROWS} more clients (report.json) | | |")
     return lines
+
+
+def _token_row(name: str, capture: CaptureReport) -> str:
+    """A language model's capture: the best token attack by recall (over distinct tokens), its margin over chance;
+    token ids and numbers only, never decoded text."""
+    best = capture.best_tokens()
+    if best is None:
+        ran = any(t.status == "ok" for t in capture.tokens or [])
+        why = "no truth" if ran and capture.truth is None else "no token attack scored"
+        return f"| {name} | ok | tokens: {why} | — | — | — (text) |"
+    scores = best.scores or {}
+    recall = scores["recall"]
+    margin = recall - scores.get("chance_recall", 0.0)
+    return f"| {name} | ok | {md_escape(best.attack)} (token recall) | {_num(recall)} | {margin:+.3f} | — (text) |"
 
 
 def render(report: Report, out_dir: Path | None = None) -> str:

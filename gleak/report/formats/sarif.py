@@ -103,6 +103,25 @@ RULES: dict[str, RuleInfo] = {
             "PSNR, SSIM and LPIPS are reported beside it; the lineup picture shows what was identified.\n\n"
             "## Mitigations\n\n" + _MITIGATIONS),
         default_severity="high"),
+    "GLEAK-TEXT-TOKENS": RuleInfo(
+        name="TokenLeakage",
+        short="The shared update of a language model reveals the tokens of the client's text.",
+        full=("A token attack reads which tokens were in the client's batch (the rows of the token-embedding "
+              "gradient that are not zero, the language-model head's next-token counts) and recovers clearly more "
+              "of the batch's distinct tokens than random guessing, names, dates and record numbers included."),
+        help_markdown=(
+            "# Token leakage (GLEAK-TEXT-TOKENS)\n\n"
+            "gleak ran the token attacks on the captured gradient or update of a language model and compared the "
+            "recovered token ids with the token batches the client trained on. The severity grows with the recall "
+            "of the best attack over the batch's distinct tokens (the GLEAK-LABELS thresholds): critical when the "
+            "recovered set is exactly the batch's, high at recall >= 0.9, medium or low when it beats the recall "
+            "of as many ids guessed at random by a margin. The message gives the share of sensitive tokens (a "
+            "digit or a capital first letter: names, dates, record numbers) recovered. Reports hold token ids and "
+            "counts only, never decoded text.\n\n"
+            "## Mitigations\n\n" + _MITIGATIONS
+            + "- **Freeze the token embeddings and the LM head** (e.g. LoRA on the attention and MLP layers only): "
+              "their gradients are where the batch's tokens show.\n"),
+        default_severity="high"),
     "GLEAK-DP-BUDGET": RuleInfo(
         name="PrivacyBudgetExceeded",
         short="A client's cumulative privacy loss ε exceeds the budget set with --max-epsilon.",

@@ -17,7 +17,7 @@ from gleak.attacks.base import AttackResult
 from gleak.attacks.consistency import batch_size_conflicts
 from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.attacks.plan import run_label_attacks, select_attacks
-from gleak.capture import Capture, Truth, load_capture, load_truth, truth_path_for
+from gleak.capture import Capture, TextTruth, Truth, load_capture, load_text_truth, load_truth, truth_path_for
 from gleak.data import Dataset
 from gleak.defenses import recorded_defenses
 from gleak.errors import GleakError, shorten
@@ -29,6 +29,7 @@ from gleak.report.privacy import terms_of
 from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
+from gleak.runs.audit.text import audit_text
 from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import NO_LINEUP, finite, identification_of
@@ -56,29 +57,37 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
         model_path, loaded = models.match(capture)
         report.model = FileRef(path=str(model_path), sha256=loaded.weights_sha256 or None)
         truth_file = truth_path_for(path)
-        truth = load_truth(truth_file, capture) if companion_exists(truth_file) else None
-        if truth is not None:
+        text = capture.get("gleak.modality") == "text"
+        truth: Truth | TextTruth | None = None
+        if companion_exists(truth_file):
+            truth = load_text_truth(truth_file, capture) if text else load_truth(truth_file, capture)
             report.truth = FileRef(path=str(truth_file), sha256=file_sha256(truth_file))
     except GleakError as e:
         return _error(report, e, started), [], []
     report.stage_seconds = {"load": round(time.perf_counter() - started, 6)}
     return audit_loaded(capture, loaded, auxes, config, truth, out_dir, report=report, started=started,
-                        cache=models.forward_cache, calibration_cache=models.calibration_cache)
+                        cache=models.forward_cache, calibration_cache=models.calibration_cache,
+                        model_folder=model_path if text else None)
 
 
 def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Path, Dataset]],
-                 config: AuditConfig, truth: Truth | None = None, out_dir: Path | None = None,
+                 config: AuditConfig, truth: Truth | TextTruth | None = None, out_dir: Path | None = None,
                  name: str | None = None, report: CaptureReport | None = None,
                  started: float | None = None,
                  cache: dict[tuple[Any, ...], dict[str, Any]] | None = None,
                  calibration_cache: CalibrationCache | None = None,
+                 model_folder: Path | None = None,
                  ) -> CaptureResult:
     """Audit a capture already in memory against its model (e.g. an update a server just received, from
     :mod:`gleak.integrations.flower`); ``name`` labels it in the report. Bad input becomes an error entry.
     ``cache`` (kept by the caller across captures) shares the auxiliary set's model forwards between captures
     made with the same model weights and forward mode; ``calibration_cache`` (the caller's too, bounded) shares
     the label attacks' calibrations (``config.confidence``) between them; None: each capture calibrates afresh.
-    A config not yet :meth:`~gleak.runs.audit.AuditConfig.resolved` is resolved here, for this capture."""
+    A config not yet :meth:`~gleak.runs.audit.AuditConfig.resolved` is resolved here, for this capture.
+
+    A language model's capture (``gleak.modality`` text, its truth a :class:`~gleak.capture.TextTruth`) gets the
+    token attacks instead (:func:`gleak.runs.audit.text.audit_text`): ``model_folder``, the Hugging Face folder,
+    lends its tokenizer to count the sensitive tokens recovered; the report never holds decoded text."""
     started = time.perf_counter() if started is None else started
     config = config.resolved()
     label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
@@ -95,6 +104,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
                             allow_model_mismatch=config.allow_model_mismatch,
                             max_memory=config.memory_limit)
+        if ctx.text_model is not None or isinstance(truth, TextTruth):
+            return _audit_text(ctx, truth, config, report, started, stages, mark, model_folder)
         aux = pick_aux(auxes, ctx.input_shape, ctx.num_classes)
         if aux is not None:
             ctx = ctx.with_aux(aux[1], _shared_forwards(cache, loaded, aux, ctx))
@@ -171,6 +182,24 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
             findings.append(expected)
         stages["expected_images"] = round(time.perf_counter() - mark, 6)
     notices += notices_for(ctx, report, path, bool(auxes))
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report, findings, notices
+
+
+def _audit_text(ctx: Context, truth: Truth | TextTruth | None, config: AuditConfig, report: CaptureReport,
+                started: float, stages: dict[str, float], mark: float, model_folder: Path | None) -> CaptureResult:
+    """A language model's capture, once its context is built: the token attacks (:mod:`gleak.runs.audit.text`)."""
+    if ctx.text_model is None or isinstance(truth, Truth):
+        where = report.truth.path if report.truth is not None else "the ground truth"
+        return _error(report, GleakError(f"{where} does not fit the capture: "
+                                         + ("a language model's capture needs the token batches it was made from"
+                                            if ctx.text_model is not None else "it holds token batches, the capture "
+                                            "is an image classifier's")), started), [], []
+    stages["context"] = round(time.perf_counter() - mark, 6)
+    try:
+        findings, notices = audit_text(ctx, truth, config, report, model_folder)
+    except GleakError as e:
+        return _error(report, e, started), [], []
     report.seconds = round(time.perf_counter() - started, 3)
     return report, findings, notices
 

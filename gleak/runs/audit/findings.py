@@ -25,6 +25,12 @@ Findings and their thresholds (defaults in :class:`~gleak.report.model.Threshold
   combination beats chance on batches simulated like the capture's. Info: an answer ("not recoverable here by
   these attacks"), neither a leak nor an error; it names the best candidate and its margin over chance per
   composition.
+* ``GLEAK-TEXT-TOKENS`` (a language model's capture, with the truth's token batches) — the token attack (bag of
+  input tokens, next-token counts) with the highest recall over the batch's distinct tokens, by the GLEAK-LABELS
+  ladder and thresholds on recall: critical when the recovered set is exactly the batch's (recall and precision 1,
+  ``labels_critical``), high at recall ≥ ``labels_high``, medium / low at recall − chance recall ≥ the label
+  margins. Its message gives recall, chance and the share of sensitive tokens (a digit or a capital first letter)
+  recovered — never the tokens' text. Without truth there is no finding, only the notice NO_TRUTH.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gleak.attacks.context import Context
-from gleak.report.model import AttackEntry, CaptureReport, Finding, Notice, Severity, Thresholds
+from gleak.report.model import AttackEntry, CaptureReport, Finding, Notice, Severity, Thresholds, TokenResult
 
 
 def label_findings(report: CaptureReport, th: Thresholds) -> list[Finding]:
@@ -202,6 +208,37 @@ def abstained_finding(report: CaptureReport) -> Finding | None:
                "attacks: not evidence of a leak, nor proof that none exists")
 
 
+def token_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
+    """GLEAK-TEXT-TOKENS: the best scored token attack's recall over chance (module docstring); None below the low
+    margin or without a scored attack. Ids and numbers only: the tokens' text never enters a finding."""
+    best = report.best_tokens()
+    if best is None:
+        return None
+    scores = best.scores or {}
+    recall, chance = float(scores["recall"]), float(scores["chance_recall"])
+    precision = float(scores.get("precision", 0.0))
+    severity, threshold = label_severity(recall, chance, th, exact=recall >= 1.0 and precision >= 1.0)
+    if severity is None:
+        return None
+    what = {"inputs": "input tokens", "targets": "next tokens"}.get(best.truth or "", "tokens")
+    sensitive = scores.get("sensitive_recall")
+    shared = (f"{sensitive:.0%} of its sensitive ones (a digit or a capital: names, dates, record numbers)"
+              if sensitive is not None else "sensitive tokens not counted (no tokenizer beside the model)")
+    detail = (f"recall margin over chance {recall - chance:+.3f}; precision {precision:.3f} (chance "
+              f"{scores.get('chance_precision', 0.0):.3f}), F1 {scores.get('f1', 0.0):.3f} (chance "
+              f"{scores.get('chance_f1', 0.0):.3f}), count accuracy {scores.get('count_accuracy', 0.0):.3f} (chance "
+              f"{scores.get('chance_count_accuracy', 0.0):.3f})")
+    if sensitive is not None:
+        detail += (f"; sensitive-token recall {sensitive:.3f} (chance "
+                   f"{scores.get('chance_sensitive_recall', 0.0):.3f})")
+    return Finding(
+        rule="GLEAK-TEXT-TOKENS", severity=severity, capture=report.capture.path, attack=best.attack,
+        title=f"{best.attack} recovers {recall:.0%} of the batch's distinct {what} (chance {chance:.0%}), "
+              f"{shared}",
+        measured=round(recall, 4), metric="token_recall", chance=round(chance, 4), threshold=round(threshold, 4),
+        detail=detail + "; token ids only: the audit never shows decoded text")
+
+
 def image_severity(kappa: float, low: float, chance: float, th: Thresholds,
                    highest: Severity = "critical") -> tuple[Severity | None, float]:
     """The GLEAK-IMAGES ladder on identification over chance κ; nothing unless the rate's interval lies above
@@ -275,6 +312,8 @@ NOTICE_CODES = {
     "BATCH_SIZE_CONTRADICTED": "the capture's tensors show more examples or labels than its recorded batch size",
     "DP_UNACCOUNTED": "a client's ε over the run is unknown from a round on: that round records no DP, or no finite "
                       "bound (the message names the round)",
+    "SENSITIVE_TOKENS_UNKNOWN": "a language model's capture audited without its folder's tokenizer: the share of "
+                                "sensitive tokens recovered is not measured",
     "MAX_EPSILON_UNUSED": "--max-epsilon was given but no capture records DP (gleak.dp.* or Flower's LocalDpMod)",
 }
 
@@ -282,7 +321,7 @@ NOTICE_CODES = {
 def notices_for(ctx: Context, report: CaptureReport, capture: str, aux_given: bool) -> list[Notice]:
     """Warnings with stable codes (:data:`NOTICE_CODES`) about one audited capture."""
     out: list[Notice] = []
-    if report.aux is None:
+    if report.aux is None and report.tokens is None:  # a language model's capture takes no aux data
         out.append(Notice(code="NO_AUX", capture=capture, message=(
             "none of the --aux data fits this capture's model (input shape and classes)" if aux_given else
             "no --aux data given: attacks that need it (e.g. posterior, rlu, llg-plus, zlg-plus) did not run")))
@@ -297,7 +336,8 @@ def notices_for(ctx: Context, report: CaptureReport, capture: str, aux_given: bo
         out.append(Notice(code="LABELS_UNINFORMATIVE", capture=capture, message=(
             f"none of the {len(calibrated)} label attacks beats chance on both the uniform and the skewed batches "
             "simulated like this capture's: their counts are no evidence of a leak at this model and setting")))
-    for a in report.attacks:
+    ran: list[AttackEntry | TokenResult] = [*report.attacks, *(report.tokens or [])]
+    for a in ran:
         if a.status in ("failed", "error"):
             out.append(Notice(code=f"ATTACK_{a.status.upper()}", capture=capture,
                               message=f"{a.attack}: {a.reason or a.status}"))

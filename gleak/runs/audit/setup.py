@@ -17,7 +17,7 @@ from gleak.capture import Capture
 from gleak.data import Dataset
 from gleak.errors import GleakError, Origin
 from gleak.io import probe_input, safetensors_kind, show
-from gleak.models import LoadedModel, load_model
+from gleak.models import LoadedModel, is_text_model_dir, load_model
 from gleak.runs.inputs import memory_limit
 from gleak.settings.audit import AuditSettings
 from gleak.settings.values import BUDGETS, EXECUTORS, FAIL_ON, FAIL_ROUNDS_EXPECTED, normal_fail_rounds
@@ -86,23 +86,29 @@ def find_captures(paths: Sequence[Path]) -> list[Path]:
 
 def find_models(paths: Sequence[Path]) -> list[Path]:
     """Model files named directly, matched by a glob (``runs/*/global.safetensors``; quote it in the shell), and
-    every model-like file in the directories (captures and data excluded); each once, in the order found."""
+    every model-like file in the directories (captures and data excluded); each once, in the order found. A Hugging
+    Face model folder (:func:`~gleak.models.is_text_model_dir`) is one model, named directly, matched by a glob or
+    as a subfolder of a folder given."""
     found: list[Path] = []
     for path in paths:
         kind = probe_input(path, "model file")  # not is_dir()/exists(): they raise OSError for an overlong name
-        if kind == "dir":
+        if kind == "dir" and is_text_model_dir(path):
+            found.append(path)
+        elif kind == "dir":
             try:
                 entries = sorted(path.iterdir())
             except OSError as exc:
                 raise GleakError(f"cannot read model folder {show(path)}: {exc.strerror or exc}") from None
-            found += [p for p in entries if p.is_file() and p.suffix.lower() in MODEL_SUFFIXES
-                      and (p.suffix.lower() != ".safetensors" or safetensors_kind(p) is None)]
+            found += [p for p in entries if (p.is_file() and p.suffix.lower() in MODEL_SUFFIXES
+                      and (p.suffix.lower() != ".safetensors" or safetensors_kind(p) is None))
+                      or is_text_model_dir(p)]
         elif kind == "file":
             found.append(path)
         elif GLOB_CHARACTERS & set(str(path)):
             import glob
 
-            matched = [Path(m) for m in sorted(glob.glob(str(path), recursive=True)) if Path(m).is_file()]
+            matched = [Path(m) for m in sorted(glob.glob(str(path), recursive=True))
+                       if Path(m).is_file() or is_text_model_dir(m)]
             if not matched:
                 raise GleakError(f"--model {path}: no file matches this pattern")
             found += matched
@@ -148,11 +154,17 @@ class HashCache:
 
 
 def _file_key(path: Path, config: AuditConfig | None) -> _FileKey | None:
+    """The model's cache key; for a model folder, the total size and latest modification of the files in it (a
+    folder's own modification time does not change when a file in it is rewritten)."""
     try:
         stat = path.stat()
+        size, mtime = stat.st_size, stat.st_mtime_ns
+        if path.is_dir():
+            stats = [p.stat() for p in path.iterdir() if p.is_file()]
+            size, mtime = sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=mtime)
     except OSError:
         return None
-    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns, config.arch if config else None,
+    return (str(path.resolve()), size, mtime, config.arch if config else None,
             config.arch_kwargs if config else None)
 
 
