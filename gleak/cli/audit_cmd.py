@@ -116,8 +116,9 @@ def check_settings(resolved: Resolved[AuditSettings], paths: list[Path] | None, 
         raise GleakError("give at least one capture or folder of captures (CAPTURE_OR_DIR...)")
     if not settings.model:
         raise GleakError("audit needs the global model: --model FILE_OR_DIR (or model = [...] in the config)")
-    if loaded.value("threads") is not None and requested_threads() is None:
-        apply_threads(loaded.value("threads"))
+    threads = loaded.value("threads")
+    if threads is not None and requested_threads() is None:
+        apply_threads(threads)
     files = [f for f in settings.format if f != "table"]
     if output is None and any(f != "json" for f in files):
         raise GleakError(f"--format {','.join(files)} writes files: give a folder with -o DIR")

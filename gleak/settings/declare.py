@@ -172,10 +172,8 @@ def resolve(cls: type[S], given: Mapping[str, Given], file: FileLayer | None = N
         raw, source = picked
         try:
             values[name] = TypeAdapter(annotation_of(field)).validate_python(raw)
-        except ValidationError as e:
+        except ValidationError as e:  # a validator's Problem arrives wrapped, in the error's context
             raise GleakError(bad_value(e, raw, source.origin())) from None
-        except Problem as e:  # pragma: no cover - pydantic wraps a validator's ValueError
-            raise GleakError(source.origin().bad(raw, e.problem, e.hint)) from None
         sources[name] = source
     return Resolved(cls.model_validate(values), sources)
 
