@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from gleak.attacks.requirements import Requirements
-from gleak.attacks.tokens.view import TextModelSpec, TokenView, token_view
+from gleak.attacks.tokens.view import POSITION_NAMES, TextModelSpec, TokenView, token_view
 from gleak.capture import Capture, ModelCheck, check_model_hash, validate_against_model
 from gleak.data import Dataset
 from gleak.errors import GleakError, shorten
@@ -531,8 +531,7 @@ def build_text_context(capture: Capture, model: LoadedModel, *, seed: int = 0, a
     embeddings: Any = model.module.get_input_embeddings()  # type: ignore[operator]
     vocab, hidden = int(embeddings.weight.shape[0]), int(embeddings.weight.shape[1])
     names = [name for name, _ in model.module.named_parameters()]
-    learned_positions = any(n.endswith(("wpe.weight", "position_embeddings.weight", "embed_positions.weight"))
-                            for n in names)
+    learned_positions = any(n.endswith(POSITION_NAMES) for n in names)  # the names token_view looks for
     lr = capture.get("gleak.learning_rate")
     spec = TextModelSpec(
         model_type=str(model.metadata.get("gleak.model_type", "?")), vocab_size=vocab, hidden_size=hidden,
