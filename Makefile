@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 OUT := out/demo
 
-.PHONY: setup demo test docs lint bench samples clean flower-example fl-run lock lock-check test-newest test-oldest wheel-check
+.PHONY: setup demo test docs lint bench samples clean flower-example flowertune-example fl-run lock lock-check test-newest test-oldest wheel-check
 
 bench: setup
 	$(BIN)/python bench/labels.py
@@ -41,6 +41,14 @@ demo: setup
 	$(BIN)/gleak simulate --model samples/text/notes-llama --data samples/text/notes.txt --batch-size 8 --max-length 32 \
 		--seed 7 -o $(OUT)/notes_b8.safetensors --force
 	$(BIN)/gleak labels $(OUT)/notes_b8.safetensors --model samples/text/notes-llama
+	# whole sentences (DAGER): two notes fit the tiny model's width (64), so they come back exactly; ids only
+	$(BIN)/gleak simulate --model samples/text/notes-llama --data samples/text/notes.txt --batch-size 2 --max-length 16 \
+		--seed 7 -o $(OUT)/notes_b2.safetensors --force
+	$(BIN)/gleak reconstruct $(OUT)/notes_b2.safetensors --model samples/text/notes-llama -o $(OUT)/notes_b2 --force
+	# LoRA: only the adapter (r = 32 on the first projections) is trained and sent; lora-tokens reads its span
+	$(BIN)/gleak simulate --model samples/text/notes-llama --data samples/text/notes.txt --batch-size 2 --max-length 16 \
+		--peft lora:r=32,target=q_proj+k_proj+v_proj --seed 7 -o $(OUT)/notes_lora.safetensors --force
+	$(BIN)/gleak labels $(OUT)/notes_lora.safetensors --model samples/text/notes-llama
 
 # the Flower example: a simulated federation, every update captured, then audited (examples/flower/README.md)
 flower-example: setup
@@ -48,6 +56,14 @@ flower-example: setup
 	$(BIN)/python examples/flower/run.py --out out/flower --force
 	$(BIN)/gleak audit out/flower/captures --model out/flower/captures/models --aux samples/data/mnist_aux.safetensors \
 		-o out/flower/audit --format table,html,json --fail-on none --force
+
+# a FlowerTune-style run: 3 clients x 2 rounds fine-tune a LoRA adapter on the shipped notes model, every adapter
+# update captured by gleak's mod (examples/flowertune/README.md), then audited against the base model
+flowertune-example: setup
+	GLEAK_LOCK=all bash scripts/setup-venv.sh
+	$(BIN)/python examples/flowertune/run.py --out out/flowertune --force
+	$(BIN)/gleak audit out/flowertune/captures --model samples/text/notes-llama \
+		-o out/flowertune/audit --format table,html,json --fail-on none --force
 
 # a whole FL run: 20 rounds x 5 clients of LeNet-5 trained from scratch, captured by gleak's mod, then audited
 fl-run: setup

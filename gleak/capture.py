@@ -136,6 +136,16 @@ SCHEMA: dict[str, Field] = {
     "gleak.max_length": Field("int", "text: the truncation length the batches were tokenised with (tokens per "
                               "sequence, at most)", minimum=1, maximum=16_777_216),
     "gleak.pad_token_id": Field("int", "text: the pad token's id (pads are masked out of the loss)", minimum=0),
+    # LoRA (docs/capture-format.md, "LoRA captures"): the tensors are the adapter's, named as peft saves it
+    "gleak.peft.type": Field("enum", "text: the client trained a LoRA adapter only; the tensors are the adapter's "
+                             "(peft's saved names) and gleak.model.sha256 is the base model's", ("lora",)),
+    "gleak.peft.r": Field("int", "LoRA rank r (lora_A is r × d, lora_B is d_out × r)", minimum=1, maximum=65_536),
+    "gleak.peft.alpha": Field("float", "LoRA alpha: the adapter adds (alpha / r)·B·A·u", positive=True),
+    "gleak.peft.target_modules": Field("str_list", "LoRA: the adapted modules (peft's target_modules)"),
+    "gleak.peft.adapter.sha256": Field("sha256", "LoRA: sha256 of the global adapter's tensors the client started "
+                                       "from (gleak.io.tensors_sha256 over peft's saved names)"),
+    "gleak.peft.base_model": Field("str", "LoRA: the adapter config's base_model_name_or_path, as written there "
+                                   "(recorded, never resolved)"),
 }
 
 
@@ -945,6 +955,81 @@ def capture_token_update(
         **text_metadata(task=task, vocab_size=_vocab_size(global_model, None, task), num_classes=logits_width,
                         **tokenizer),
     })
+    capture.meta.update(metadata or {})
+    return capture
+
+
+# ------------------------------------------------------------------------------------------ LoRA (text)
+
+
+def capture_lora_gradients(
+    peft_model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    *,
+    base_sha256: str,
+    task: str | None = None,
+    train_mode: bool = False,
+    metadata: Mapping[str, Any] | None = None,
+    **tokenizer: Unpack[TokenizerKeys],
+) -> Capture:
+    """FedSGD capture of a LoRA client: :func:`capture_token_gradients` of a peft model whose adapter alone trains,
+    with the tensors renamed as peft saves the adapter (``….q_proj.lora_A.weight``) and the ``gleak.peft.*`` keys
+    (docs/capture-format.md, "LoRA captures"). ``base_sha256`` is the base model's tensors hash, taken before peft
+    wrapped it (``LoadedModel.weights_sha256``); it becomes ``gleak.model.sha256``. At peft's standard init
+    ``lora_B`` = 0, so the ``lora_A`` gradients are exactly zero (METHODS-text §3.9)."""
+    from gleak.models.peft import adapter_config_dict, adapter_names, adapter_state, lora_metadata
+
+    adapter_sha256 = tensors_sha256(adapter_state(peft_model))
+    capture = capture_token_gradients(peft_model, input_ids, attention_mask, labels, task=task,
+                                      train_mode=train_mode, metadata=metadata, **tokenizer)
+    capture.tensors = adapter_names(peft_model, capture.tensors)
+    capture.meta.update(lora_metadata(adapter_config_dict(peft_model), base_sha256=base_sha256,
+                                      adapter_sha256=adapter_sha256))
+    return capture
+
+
+def capture_lora_update(
+    global_adapter: Mapping[str, torch.Tensor],
+    local_adapter: Mapping[str, torch.Tensor],
+    *,
+    adapter_config: Mapping[str, Any],
+    base_sha256: str,
+    vocab_size: int | None,
+    learning_rate: float | None = None,
+    local_steps: int | None = None,
+    batch_size: int | None = None,
+    task: str = "causal_lm",
+    optimizer: str | None = None,
+    momentum: float | None = None,
+    weight_decay: float | None = None,
+    scheme: str = "fedavg",
+    train_mode: bool | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **tokenizer: Unpack[TokenizerKeys],
+) -> Capture:
+    """FedAvg-style capture of a LoRA client: Δ = local − global of every adapter tensor (both keyed as peft saves
+    an adapter; half-precision tensors are subtracted in float32), with the text keys, the ``gleak.peft.*`` keys of
+    ``adapter_config`` (the global adapter's ``adapter_config.json``) and ``gleak.model.sha256`` = ``base_sha256``.
+    A value left None is not recorded (``gleak capture`` knows only what it is told)."""
+    from gleak.models.peft import lora_metadata
+
+    def wide(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t for n, t in state.items()}
+
+    capture = capture_update(wide(global_adapter), wide(local_adapter), learning_rate, local_steps or 1, batch_size,
+                             optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, scheme=scheme,
+                             num_classes=0)
+    capture.meta.pop("gleak.num_classes", None)
+    if local_steps is None:
+        capture.meta.pop("gleak.local_steps", None)
+        capture.meta.pop("gleak.num_examples", None)
+    capture.meta.update({
+        "gleak.model.train_mode": train_mode, **text_metadata(task=task, vocab_size=vocab_size, **tokenizer),
+        **lora_metadata(adapter_config, base_sha256=base_sha256, adapter_sha256=tensors_sha256(global_adapter)),
+    })
+    capture.meta = {k: v for k, v in capture.meta.items() if v is not None}
     capture.meta.update(metadata or {})
     return capture
 

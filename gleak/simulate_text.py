@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from gleak.capture import Capture, TextTruth, capture_token_gradients, capture_token_update, model_logits, token_loss
+from gleak.capture import (
+    Capture,
+    TextTruth,
+    capture_lora_gradients,
+    capture_lora_update,
+    capture_token_gradients,
+    capture_token_update,
+    model_logits,
+    token_loss,
+)
 from gleak.defenses import apply_defenses
 from gleak.errors import GleakError
+from gleak.io import tensors_sha256
+from gleak.models.peft import LoraAdapter, LoraSpec, adapter_state, wrap_lora
 from gleak.simulate import ClientConfig, _optimizer
 from gleak.text_data import TextData, tokenize
 
@@ -81,8 +92,27 @@ def simulate_text_client(model: nn.Module, tokenizer: Any, data: TextData, confi
                          options: TextClientOptions, device: torch.device | str = "cpu"
                          ) -> tuple[Capture, TextTruth]:
     """Run the text client on ``data`` from ``model`` (left unchanged); return the capture and its truth."""
+    capture, truth, _ = _text_client(model, tokenizer, data, config, options, None, torch.device(device))
+    return capture, truth
+
+
+def simulate_lora_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig,
+                         options: TextClientOptions, lora: LoraSpec, device: torch.device | str = "cpu"
+                         ) -> tuple[Capture, TextTruth, LoraAdapter]:
+    """The text client fine-tuning a fresh LoRA adapter on a causal LM (``model`` left unchanged; the adapter's
+    init drawn from ``config.seed``): only the adapter trains. Returns the capture of the adapter's gradient or
+    update (docs/capture-format.md, "LoRA captures"), its truth, and the global adapter it started from."""
+    if options.task != "causal_lm":
+        raise GleakError("--peft supports causal language models (*ForCausalLM, *LMHeadModel) for now")
+    capture, truth, adapter = _text_client(model, tokenizer, data, config, options, lora, torch.device(device))
+    assert adapter is not None
+    return capture, truth, adapter
+
+
+def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig, options: TextClientOptions,
+                 lora: LoraSpec | None, device: torch.device) -> tuple[Capture, TextTruth, LoraAdapter | None]:
+    """The one text client behind :func:`simulate_text_client` and :func:`simulate_lora_client`."""
     refuse_image_options(config)
-    device = torch.device(device)
     if config.batch_size > len(data):
         raise GleakError(f"a batch of {config.batch_size} examples needs at least that many; the data has {len(data)}")
     classify = options.task == "sequence_classification"
@@ -100,15 +130,22 @@ def simulate_text_client(model: nn.Module, tokenizer: Any, data: TextData, confi
         "max_length": options.max_length or int(batch.input_ids.shape[1]), "pad_token_id": batch.pad_token_id,
         "train_mode": options.train_mode}
     global_model = copy.deepcopy(model).to(device)
+    base_sha256 = tensors_sha256(global_model.state_dict()) if lora is not None else ""
+    if lora is not None:  # peft changes the copy in place: the base model's hash is taken first
+        global_model = wrap_lora(global_model, lora, seed=config.seed)
+    adapter = LoraAdapter.of(global_model) if lora is not None else None
     torch.manual_seed(config.seed)  # dropout, when the client trains in train mode
     b = config.batch_size
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
-    if config.kind == "gradient":
+    if config.kind == "gradient" and adapter is not None:
+        capture = capture_lora_gradients(global_model, ids, mask, None if labels is None else labels.to(device),
+                                         base_sha256=base_sha256, metadata=_meta(config), **task_keys)
+    elif config.kind == "gradient":
         capture = capture_token_gradients(global_model, ids, mask, None if labels is None else labels.to(device),
                                           metadata=_meta(config), **task_keys)
     else:
         local = copy.deepcopy(global_model).train(options.train_mode)
-        anchor = {n: p.detach().clone() for n, p in global_model.named_parameters()}
+        anchor = {n: p.detach().clone() for n, p in global_model.named_parameters() if p.requires_grad}
         trainable = [p for p in local.parameters() if p.requires_grad]
         opt = _optimizer(trainable, config)
         for step in range(config.local_steps):
@@ -122,15 +159,21 @@ def simulate_text_client(model: nn.Module, tokenizer: Any, data: TextData, confi
                 loss = loss + config.mu / 2 * prox
             torch.autograd.backward(loss)
             opt.step()
-        capture = capture_token_update(global_model, local, learning_rate=config.learning_rate,
-                                       local_steps=config.local_steps, batch_size=b, optimizer=config.optimizer,
-                                       momentum=config.momentum if config.optimizer in ("sgdm", "nag") else None,
-                                       weight_decay=config.weight_decay, scheme=config.scheme, metadata=_meta(config),
-                                       **task_keys)
+        how: dict[str, Any] = {
+            "learning_rate": config.learning_rate, "local_steps": config.local_steps, "batch_size": b,
+            "optimizer": config.optimizer, "momentum": config.momentum if config.optimizer in ("sgdm", "nag") else None,
+            "weight_decay": config.weight_decay, "scheme": config.scheme, "metadata": _meta(config)}
+        if adapter is not None:
+            embeddings = cast(Any, global_model).get_input_embeddings()
+            capture = capture_lora_update(adapter.tensors, adapter_state(local), adapter_config=adapter.config,
+                                          base_sha256=base_sha256, vocab_size=int(embeddings.num_embeddings),
+                                          **how, **task_keys)
+        else:
+            capture = capture_token_update(global_model, local, **how, **task_keys)
     if classify and options.num_labels is not None:
         capture.meta["gleak.num_classes"] = options.num_labels
     if config.defenses:
         capture = apply_defenses(capture, list(config.defenses), config.seed)
     truth = TextTruth(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels,
                       meta={"gleak.batch_size": b, "gleak.local_steps": config.local_steps})
-    return capture, truth
+    return capture, truth, adapter

@@ -100,3 +100,34 @@ def test_model_discovery_takes_hugging_face_folders(tmp_path: Path) -> None:
     assert find_models([models]) == [models / "gpt", models / "lenet.safetensors", models / "llama"]
     assert find_models([Path(str(models / "*"))]) == [models / "gpt", models / "lenet.safetensors",
                                                        models / "llama"]
+
+
+def test_whole_sequences_give_gleak_text_and_twins_give_the_expected_leak(tmp_path: Path) -> None:
+    """A small batch (B = 2, 12 tokens: within the tiny model's width) comes back exactly: GLEAK-TEXT critical; the
+    same capture without its truth and with --aux text: GLEAK-TEXT-EXPECTED from twin batches, never critical."""
+    pytest.importorskip("transformers")
+    notes, llama, _ = build_notes_and_models(tmp_path)
+    capture = tmp_path / "caps" / "c.safetensors"
+    code, _, err = gleak("simulate", "--model", llama, "--data", notes, "-b", 2, "--max-length", 12, "--seed", 9,
+                         "-o", capture)
+    assert code == 0, err
+    code, stdout, err = gleak("audit", capture, "--model", llama, "--format", "table,json,sarif,junit",
+                              "-o", tmp_path / "a", "--fail-on", "critical")
+    assert code == 1, err
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    entry = report["captures"][0]["sentences"]
+    assert entry["status"] == "ok" and entry["scores"]["exact_match"] == 1.0, entry
+    rules = {f["rule"]: f["severity"] for f in report["findings"]}
+    assert rules.get("GLEAK-TEXT") == "critical", rules
+    assert not leaked(stdout) and not leaked((tmp_path / "a" / "report.sarif").read_text())
+    blind = tmp_path / "blind"
+    blind.mkdir()
+    shutil.copy(capture, blind / "c.safetensors")  # no truth beside it
+    code, stdout, err = gleak("audit", blind / "c.safetensors", "--model", llama, "--aux", notes, "--format", "json",
+                              "-o", tmp_path / "b", "--fail-on", "none")
+    assert code == 0, err
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    expected = report["captures"][0]["sentences"]["expected"]
+    assert expected["twins"] >= 2 and expected["rouge1"] > expected["chance_rouge1"] + 0.5, expected
+    rules = {f["rule"]: f["severity"] for f in report["findings"]}
+    assert rules.get("GLEAK-TEXT-EXPECTED") in ("high", "medium") and "GLEAK-TEXT" not in rules, rules

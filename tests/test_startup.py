@@ -101,7 +101,7 @@ def test_did_you_mean() -> None:
         get_attack("zlgplus", task="labels")
     with pytest.raises(GleakError) as e:
         get_attack("qqqq")
-    assert "did you mean" not in str(e.value) and "Known attacks: calibrated, dlg" in str(e.value)
+    assert "did you mean" not in str(e.value) and "Known attacks: calibrated, dager, dlg" in str(e.value)
 
 
 def test_labels_suggests_label_attacks_only(gleak) -> None:

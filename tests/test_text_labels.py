@@ -57,6 +57,11 @@ def test_untied_tokens_are_recovered_and_never_printed(notes: tuple[Path, Path, 
     assert bag["recall"] == 1.0 and bag["precision"] == 1.0 and bag["chance_f1"] < 0.3
     assert targets["recall"] == 1.0 and targets["precision"] == 1.0
     assert report["sensitive_tokens"] > 0 and bag["sensitive_recall"] == 1.0
+    # the union covers every token of the batch: the last tokens come from the head, the first from the embedding
+    union = scores_of(report, "union")
+    assert report["token_scores"] == union and union["recall"] == 1.0 and union["precision"] == 1.0
+    distinct = report["truth_tokens"]
+    assert len(report["tokens"]) == distinct["all"] > max(distinct["inputs"], distinct["targets"]), distinct
     # the leak stays out of every output without --show-text: ids and counts only
     assert not [n for n in NAMES if n in out]
     code, table, _ = gleak("labels", capture, "--model", llama)

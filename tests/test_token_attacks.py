@@ -1,21 +1,32 @@
 """Token recovery (issue 37): the bag of input tokens, next-token counts and lengths on tiny HF models built here.
 
 Quality bars of issue 37 at small width (d = 128, V = 1000, B = 8, lengths 4–8 so that the M scored positions
-stay below d, which the tied separation needs: METHODS-text §2.2(a)). docs/methods/tokens.md lists what was
-measured."""
+stay below d, which the tied separation needs: METHODS-text §2.2(a); d = 192 for tied FedAvg, whose head part
+spans the union of the 3 steps' spans; a tiny GPT-2 trained in the test on the synthetic notes for a model that
+knows the domain). docs/methods/tokens.md lists what was measured."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from gleak.attacks.base import TokenOutput
-from gleak.attacks.tokens.bag import head_targets, log_gap_cut, row_stats, tied_bag, untied_bag
+from gleak.attacks.tokens.bag import (
+    head_targets,
+    log_gap_cut,
+    rank_grid,
+    residual_ratios,
+    residual_sweep,
+    row_stats,
+    tied_bag,
+    untied_bag,
+)
 from gleak.attacks.tokens.view import LORA_REASON, TextModelSpec, token_view
 from gleak.errors import GleakError
 from gleak.metrics.tokens import bag_scores, truth_bags
+from tests.conftest import SAMPLES
 from tests.token_models import (
     fedavg_update,
     gpt2,
@@ -29,6 +40,7 @@ from tests.token_models import (
 )
 
 V, D, B = 1000, 128, 8
+D_AVG = 192  # tied FedAvg: the union of 3 steps' head spans and the inputs fit in the width
 
 
 def _bag(result_output: object) -> dict[int, int]:
@@ -97,6 +109,22 @@ def test_log_gap_cut_and_untied_dense_fallback() -> None:
     assert bag.method == "row-norm-gap" and bag.flagged.nonzero().flatten().tolist() == [2, 7] and bag.warnings
 
 
+def test_residual_sweep_matches_one_basis_at_a_time() -> None:
+    """The one-pass rank sweep gives, for every candidate rank, the residual ratio of a projection on that many
+    basis vectors (blocks of any size)."""
+    gen = torch.Generator().manual_seed(0)
+    mat = torch.randn(300, 16, generator=gen)
+    mat[:5] = 0.0
+    basis = torch.linalg.qr(torch.randn(16, 16, generator=gen, dtype=torch.float64)).Q
+    ranks = rank_grid(14, points=5)
+    assert ranks[0] == 1 and ranks[-1] == 14 and len(ranks) == 5 and rank_grid(3) == [1, 2, 3]
+    sweep = residual_sweep(mat, basis, ranks, chunk_bytes=1000)
+    for j, r in enumerate(ranks):
+        rho, _ = residual_ratios(mat, basis[:, :r].contiguous())
+        assert torch.allclose(sweep[:, j].double(), rho, rtol=1e-5, atol=1e-7)
+    assert float(sweep[:5].abs().max()) == 0.0
+
+
 # ------------------------------------------------------------------------------------------ tiny HF models
 transformers = pytest.importorskip("transformers")
 
@@ -148,9 +176,15 @@ def test_fedsgd_b8_untied_llama(seed: int) -> None:
     assert r.status == "not_applicable" and "rotary" in (r.reason or "")
 
 
-@pytest.mark.parametrize("model_kind", ["gpt2", "llama"])
-def test_fedavg_three_local_steps_reads_the_update_direction(model_kind: str) -> None:
-    model, ids, mask = _setting(model_kind, 3)
+@pytest.mark.parametrize(("model_kind", "seed"), [("gpt2", 4), ("gpt2", 5), ("llama", 3)])
+def test_fedavg_three_local_steps_reads_the_update_direction(model_kind: str, seed: int) -> None:
+    """FedAvg, 3 local SGD steps on one batch: the tied head part lies in the union of the three steps' spans
+    (rank ≤ 3·M), which the rank sweep finds; the flagged rows are exactly the inputs (tokens seen only as targets
+    are head-only and stay out). Width 192 for the tied model: 3·M + the distinct inputs must fit in d
+    (METHODS-text §2.2(a)). Seeds 4 and 5: the largest-singular-gap rank (before issue 37's fix) fell back to the
+    row-norm cut there, precision 0.85 and 0.82 against the inputs."""
+    model = gpt2(D_AVG, V) if model_kind == "gpt2" else llama(D, V)
+    ids, mask = token_batch(B, V, (4, 8), seed)
     lr = 0.05
     delta = fedavg_update(model, ids, mask, 3, lr)
     spec = spec_of(model, "update", 3, lr, batch_size=B, max_length=ids.shape[1])
@@ -158,12 +192,10 @@ def test_fedavg_three_local_steps_reads_the_update_direction(model_kind: str) ->
     assert ctx.require_tokens().scale == pytest.approx(-1 / (3 * lr))
     truth = truth_bags(ids, mask)
     bag = run_token_attack("token-bag", ctx)
-    assert bag.status == "ok"
-    # tied: tokens seen only as targets (last tokens) are flagged too, so the bag is scored against every token of
-    # the batch; against the inputs alone, recall still holds (precision measured: 0.82-0.85, docs/methods/tokens.md)
-    s = bag_scores(_bag(bag.output), truth["all" if model_kind == "gpt2" else "inputs"], V)
-    assert s["recall"] >= 0.95 and s["precision"] >= 0.90, s
-    assert bag_scores(_bag(bag.output), truth["inputs"], V)["recall"] >= 0.95
+    assert bag.status == "ok" and isinstance(bag.output, TokenOutput)
+    assert bag.output.diagnostics["method"] == ("span-residual" if model_kind == "gpt2" else "nonzero-rows")
+    s = bag_scores(_bag(bag.output), truth["inputs"], V)
+    assert s["recall"] >= 0.95 and s["precision"] >= 0.95, s  # measured 1.00 / 1.00
     # −Δ is the direction: the flagged set does not depend on the scale, and one step equals the gradient's answer
     one = fedavg_update(model, ids, mask, 1, lr)
     grad = gradient(model, ids, mask)
@@ -186,14 +218,22 @@ def _corpus_batch(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for the training in a test (two beside another job collapse), given back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_model_that_knows_the_domain() -> None:
     """A tiny GPT-2 trained on a repetitive corpus: its confident predictions make absent rows large; the plain
     row-norm cut loses precision, the span-residual separation does not."""
-    torch.set_num_threads(2)
     model = gpt2(D, 512, layers=2, seed=0).train()
     gen = torch.Generator().manual_seed(0)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    start = time.perf_counter()
     for _ in range(150):
         ids, mask = _corpus_batch(16, gen)
         loss = lm_loss(model, ids, mask)
@@ -201,7 +241,7 @@ def test_model_that_knows_the_domain() -> None:
         loss.backward()
         opt.step()
     model.eval()
-    assert float(loss.detach()) < 1.7 and time.perf_counter() - start < 60
+    assert float(loss.detach()) < 1.7
     span, plain = [], []
     for _ in range(3):
         ids, mask = _corpus_batch(B, gen)
@@ -216,6 +256,35 @@ def test_model_that_knows_the_domain() -> None:
     # targets (against the inputs alone precision was 0.90-0.94, recall 1.0)
     assert all(s["recall"] >= 0.95 and s["precision"] >= 0.95 for s in span), span
     assert all(p["precision"] < 0.5 for p in plain), plain  # measured 0.24-0.25
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_model_trained_on_notes() -> None:
+    """A tiny GPT-2 (d = 128, BPE vocabulary of 1000) trained for 40 steps on the synthetic notes
+    (samples/text/notes.txt) and attacked on notes of another generator seed. Confident predictions inflate absent
+    tokens' head rows: the plain row-norm cut fails (recall / precision 1.00 / 0.33, 0.07 / 0.67, 0.07 / 0.50).
+    The head span seen by the absent rows decays over decades without a gap at M, so the rank is chosen by the ρ
+    separation itself and the inputs come out exactly; the largest-singular-gap rank used before issue 37's fix
+    fell back to that row-norm cut on all three batches."""
+    from tests.notes_lm import bpe_tokenizer, encode, make_notes, train_gpt2
+
+    lines = (SAMPLES / "text" / "notes.txt").read_text().splitlines()
+    tok = bpe_tokenizer(lines, 1000)
+    v = tok.get_vocab_size()
+    model, info = train_gpt2(tok, lines, d=D, layers=2, heads=2, steps=40, lr=3e-3)
+    assert info["train_loss"] < 2.2, info  # measured 1.85 (3 s alone, 10 s beside a bench)
+    held = make_notes(7)
+    for k in range(3):
+        ids, mask = encode(tok, held[8 * k: 8 * k + 8], 10)
+        ctx = text_context(gradient(model, ids, mask), spec_of(model, batch_size=B, max_length=ids.shape[1]))
+        truth = truth_bags(ids, mask)
+        good = run_token_attack("token-bag", ctx)
+        assert isinstance(good.output, TokenOutput) and good.output.diagnostics["method"] == "span-residual"
+        s = bag_scores(_bag(good.output), truth["inputs"], v)
+        assert s["recall"] >= 0.95 and s["precision"] >= 0.95, s  # measured 1.00 / 1.00
+        assert bag_scores(_bag(good.output), truth["all"], v)["precision"] == 1.0
+        base = run_token_attack("token-bag", ctx, {"method": "row-norm"})
+        assert bag_scores(_bag(base.output), truth["inputs"], v)["f1"] < 0.7  # measured 0.12-0.50
 
 
 def test_tied_separation_direct_and_fallback() -> None:

@@ -37,6 +37,7 @@ class RunInputs:
     feature: torch.Tensor | None = None
     progress: Callable[[int, int, int, float], None] | None = None
     generator: GeneratorFile | None = None
+    note: Callable[[str], None] | None = None  # a line of progress from attacks without an optimiser (text)
 
 
 NO_INPUTS = RunInputs()
@@ -96,6 +97,17 @@ class TokenOutput:
 
 
 @dataclass
+class TextOutput:
+    """What a sentence-reconstruction attack returns (gleak.attacks.text): token ids per recovered sequence (never
+    decoded text), whether each passed every exactness test of the attack, and extras."""
+
+    sequences: list[list[int]]
+    exact: list[bool] = field(default_factory=list)
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class AttackResult:
     """One attack on one capture: status ok / not_applicable / failed / error / abstained, output, time, reason,
     scores, and the options it ran with (JSON values; see :meth:`Attack.used_options`)."""
@@ -104,7 +116,7 @@ class AttackResult:
     status: Status
     seconds: float = 0.0
     reason: str | None = None
-    output: LabelOutput | ImageOutput | TokenOutput | None = None
+    output: LabelOutput | ImageOutput | TokenOutput | TextOutput | None = None
     warnings: list[str] = field(default_factory=list)
     scores: dict[str, float] | None = None
     options: dict[str, Any] | None = None
@@ -136,6 +148,10 @@ class AttackResult:
                 out["max_length"] = self.output.max_length
             if self.output.lengths is not None:
                 out["lengths"] = {str(k): v for k, v in self.output.lengths.items()}
+            out["diagnostics"] = jsonable(self.output.diagnostics)
+        elif isinstance(self.output, TextOutput):
+            out["sequences"] = [list(s) for s in self.output.sequences]
+            out["exact"] = list(self.output.exact)
             out["diagnostics"] = jsonable(self.output.diagnostics)
         elif isinstance(self.output, ImageOutput):
             out["images"] = list(self.output.images.shape) if self.output.images is not None else None
@@ -206,7 +222,7 @@ class Attack(Configurable, ABC):
         return ctx.check_requirements(self.requires)
 
     @abstractmethod
-    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput | ImageOutput | TokenOutput:
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> LabelOutput | ImageOutput | TokenOutput | TextOutput:
         """Recover labels (or images, or tokens). Raise GleakError for a problem with the input that stops the
         attack."""
 

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from gleak.attacks.requirements import Requirements
-from gleak.attacks.tokens.view import POSITION_NAMES, TextModelSpec, TokenView, token_view
+from gleak.attacks.tokens.adapters import lora_factors
+from gleak.attacks.tokens.view import POSITION_NAMES, TextModelSpec, TokenView, is_lora_only, token_view
 from gleak.capture import Capture, ModelCheck, check_model_hash, validate_against_model
 from gleak.data import Dataset
 from gleak.errors import GleakError, shorten
@@ -524,7 +525,10 @@ def build_text_context(capture: Capture, model: LoadedModel, *, seed: int = 0, a
     if model.metadata.get("gleak.modality") != "text":
         raise GleakError(f"this is a language model's capture, but the model ({model.source}) is not a Hugging Face "
                          "model folder: give --model DIR, the folder the capture was made with")
-    validate_against_model(capture, model.module)
+    if is_lora_only(capture.tensors):
+        lora_factors(capture.tensors, model.module)  # each adapted module exists in the base model, shapes fit
+    else:
+        validate_against_model(capture, model.module)
     model_check = check_model_hash(capture, model.weights_sha256 or tensors_sha256(model.module.state_dict()),
                                    allow_model_mismatch)
     task = str(capture.get("gleak.task") or model.metadata.get("gleak.task") or "causal_lm")

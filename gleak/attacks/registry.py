@@ -13,7 +13,7 @@ from gleak.registry import Registry, parse_assignments, resolve_options
 if TYPE_CHECKING:
     from gleak.attacks.reconstruct.base import ReconstructionAttack
 
-TASK_NOUNS = {"labels": "label", "reconstruct": "reconstruction", "tokens": "token"}
+TASK_NOUNS = {"labels": "label", "reconstruct": "reconstruction", "tokens": "token", "text": "text"}
 REGISTRY: Registry[Attack] = Registry("attack", "task", TASK_NOUNS)
 register = REGISTRY.register
 

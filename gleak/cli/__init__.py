@@ -12,6 +12,7 @@ import typer
 from gleak import __version__
 from gleak.cli.attacks_cmd import attacks
 from gleak.cli.audit_cmd import audit
+from gleak.cli.capture_cmd import capture
 from gleak.cli.common import GleakCommand, GleakGroup, ThreadsOpt, remember_threads
 from gleak.cli.defend_cmd import defend, defenses
 from gleak.cli.inspect_cmd import inspect
@@ -51,7 +52,7 @@ def _root(
     remember_threads(ctx, threads)
 
 
-for _command in (inspect, attacks, defenses, simulate, defend, labels, reconstruct, audit, sweep):
+for _command in (inspect, attacks, defenses, simulate, capture, defend, labels, reconstruct, audit, sweep):
     app.command(cls=GleakCommand)(_command)
 app.command("train-generator", cls=GleakCommand)(train_generator)
 

@@ -25,6 +25,7 @@ from gleak.cli.common import (
     NoTruthOpt,
     QuietOpt,
     SeedOpt,
+    ShowTextOpt,
     TrustPickleOpt,
     TrustRemoteCodeOpt,
     TruthOpt,
@@ -56,7 +57,8 @@ def reconstruct(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the images and metrics.json.")],
     model: NeededModelOpt = None,
     attack: Annotated[str, typer.Option("--attack", "-a", help="dlg, ig, feature, fcn, fgla, rgla, or auto (fcn "
-                                        "where it applies, feature for one example, else ig).")] = "auto",
+                                        "where it applies, feature for one example, else ig); on a language "
+                                        "model's capture: dager (auto) or tag.")] = "auto",
     generator: Annotated[Path | None, typer.Option("--generator", "-G", help="fgla, rgla: generator file from "
                                                    "`gleak train-generator` (without one: features only).")] = None,
     labels: Annotated[str, typer.Option(help="auto (recover them), truth (the companion file) or a JSON "
@@ -91,16 +93,26 @@ def reconstruct(
     allow_model_mismatch: AllowMismatchOpt = False,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
+    show_text: ShowTextOpt = False,
     force: ForceOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Reconstruct the client's inputs; write a PNG grid, one PNG per image and metrics.json.
+    """Reconstruct the client's inputs; write a PNG grid, one PNG per image and metrics.json (a language model's
+    capture: the recovered sequences as token ids in metrics.json and sequences.txt, decoded only with --show-text).
 
     The flags --iterations … --signed set the chosen attack's options, as -O ATTACK.KEY=VALUE does (`gleak attacks`
     lists them); metrics.json records the options the attack ran with."""
-    if format not in ("table", "json"):
-        raise GleakError(f"--format must be table or json, got '{format}'")
+    if _is_text(capture, format, show_text):
+        _refuse_image_options({"--generator": generator is not None, "--labels": labels != "auto",
+                               "--aux": aux is not None, "--tv": tv is not None, "--distance": distance is not None,
+                               "--beta": beta is not None, "--signed": signed, "--fc-layer": fc_layer is not None,
+                               "--batch-size": batch_size is not None})
+        _reconstruct_text(capture, output, model, attack, option, {"iterations": iterations, "restarts": restarts,
+                                                                    "lr": lr}, truth, no_truth, arch, arch_kwargs,
+                          trust_pickle, trust_remote_code, allow_model_mismatch, device, seed, show_text, format,
+                          force, quiet)
+        return
     from gleak.attacks.registry import parse_option_assignments
     from gleak.runs.inputs import InputSpec, ModelSpec
     from gleak.runs.reconstruct import FIXED_OUTPUTS, ReconstructRequest, write_outputs
@@ -126,6 +138,72 @@ def reconstruct(
         from gleak.report.formats.console import print_reconstruct
 
         print_reconstruct(console, run.report, written)
+
+
+def _is_text(capture: Path, format: str, show_text: bool) -> bool:
+    """Whether the capture is a language model's (its header says so); --format and --show-text checked."""
+    from gleak.io import header_value
+
+    if format not in ("table", "json"):
+        raise GleakError(f"--format must be table or json, got '{format}'")
+    text = header_value(capture, "gleak.modality") == "text"
+    if show_text and not text:
+        raise GleakError("--show-text applies to a language model's capture; this one holds images")
+    return text
+
+
+def _refuse_image_options(given: dict[str, bool]) -> None:
+    """Image-only options on a language model's capture: one line naming them."""
+    flags = [flag for flag, on in given.items() if on]
+    if flags:
+        raise GleakError(f"{', '.join(flags)} appl{'ies' if len(flags) == 1 else 'y'} to images; a language model's "
+                         "capture takes --attack, -O, --show-text and the model options")
+
+
+def _reconstruct_text(capture: Path, output: Path, model: Path | None, attack: str, option: list[str] | None,
+                      flags: dict[str, float | int | None], truth: Path | None, no_truth: bool, arch: str | None,
+                      arch_kwargs: str | None, trust_pickle: bool, trust_remote_code: bool,
+                      allow_model_mismatch: bool, device: str, seed: int, show_text: bool, format: str, force: bool,
+                      quiet: bool) -> None:
+    """A language model's capture: sentences (DAGER by default), metrics.json and sequences.txt."""
+    from gleak.attacks.registry import parse_option_assignments
+    from gleak.runs.inputs import InputSpec, ModelSpec
+    from gleak.runs.text import TEXT_OUTPUTS, TextRequest, run_text, write_text_outputs
+
+    options = {k: dict(v) for k, v in parse_option_assignments(option or []).items()}
+    given = {k: v for k, v in flags.items() if v is not None}
+    name = "dager" if attack == "auto" else attack
+    if given and name != "tag":
+        raise GleakError(f"{', '.join('--' + k for k in given)}: only the optimisation baseline (--attack tag) "
+                         "takes them; DAGER is analytic")
+    if given:
+        options.setdefault("tag", {}).update({k: str(v) for k, v in given.items()})
+    request = TextRequest(
+        inputs=InputSpec(capture=capture,
+                         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
+                                         trust_remote_code=trust_remote_code),
+                         truth=truth, no_truth=no_truth, device=device, seed=seed,
+                         allow_model_mismatch=allow_model_mismatch),
+        attack=attack, options=options, show_text=show_text)
+    request.check()
+    check_output_folder(output, force, TEXT_OUTPUTS)
+    note = None
+    if not quiet and format != "json" and err_console.is_terminal:
+        def note(line: str) -> None:
+            err_console.print(f"[dim]{line}[/]", end="\r")
+    report = run_text(request, note)
+    written = write_text_outputs(report, output, force)
+    if format == "json":
+        print_json(report.to_json())
+    else:
+        from gleak.report.formats.console import print_text
+
+        print_text(console, report, written)
+    if report.status != "ok":
+        from gleak.errors import ReportedError
+
+        raise ReportedError(f"{report.attack} recovered no sequence ("
+                            + ("reason in the JSON report)" if format == "json" else "reason above)"))
 
 
 def _run_with_progress(request: ReconstructRequest, quiet: bool) -> ReconstructRun:

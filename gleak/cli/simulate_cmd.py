@@ -87,6 +87,9 @@ def simulate(
                                                     show_default=False)] = None,
     max_length: Annotated[int | None, typer.Option("--max-length", help="Text: truncate each example to this many "
                                                    "tokens.", callback=number(1, MAX_LENGTH))] = None,
+    peft: Annotated[str | None, typer.Option("--peft", help="Text: train a fresh LoRA adapter only, "
+                                             "lora[:r=8,alpha=8,target=q_proj+v_proj,dropout=0]; writes the global "
+                                             "adapter to NAME.adapter/ beside the capture.")] = None,
     defense: Annotated[list[str] | None, typer.Option("--defense", help="A defense the client applies, "
                                                       "NAME[:KEY=VALUE,...] (repeatable, in order; dpsgd trains with "
                                                       "DP-SGD through Opacus; gleak defenses lists them).")] = None,
@@ -99,6 +102,7 @@ def simulate(
 ) -> None:
     """Simulate a client step (or steps) on real data; write a capture and its ground truth."""
     from gleak.defenses import parse_defense
+    from gleak.models.peft import parse_lora_spec
     from gleak.runs.inputs import ModelSpec
     from gleak.runs.simulate import SimulateRequest, client_config, run_simulate
 
@@ -113,7 +117,7 @@ def simulate(
         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
                         trust_remote_code=trust_remote_code), data=data,
         config=config, output=output, no_truth=no_truth, device=device, force=force, max_length=max_length,
-        train_mode=train_mode)
+        train_mode=train_mode, peft=None if peft is None else parse_lora_spec(peft))
     run = run_simulate(request)
     if not quiet:
         _print_summary(run, request)
@@ -131,6 +135,10 @@ def _print_summary(run: SimulateRun, request: SimulateRequest) -> None:
         console.print(f"text: {capture.get('gleak.task')}, {capture.get('gleak.num_examples')} sequence(s) of ≤ "
                       f"{capture.get('gleak.max_length')} tokens, pads on the "
                       f"{capture.get('gleak.tokenizer.padding_side')}")
+    if capture.get("gleak.peft.type") == "lora":
+        from gleak.cli.capture_cmd import lora_line
+
+        console.print(lora_line(capture), markup=False)
     if shown:
         console.print(f"labels (class×count): {shown}")
     for record in capture.get("gleak.defense") or []:
@@ -140,4 +148,5 @@ def _print_summary(run: SimulateRun, request: SimulateRequest) -> None:
     if dp_text is not None:
         console.print(f"DP-SGD: {dp_text}", highlight=False, markup=False)
     truth_path = request.truth_path
-    console.print(f"wrote {request.output}" + ("" if truth_path is None else f" and {truth_path}"))
+    console.print(f"wrote {request.output}" + ("" if truth_path is None else f" and {truth_path}")
+                  + ("" if request.adapter_path is None else f"; the global adapter in {request.adapter_path}/"))

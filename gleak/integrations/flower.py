@@ -18,6 +18,13 @@ Message / ArrayRecord API).
 * :class:`GleakAuditStrategy` — wraps any server strategy (``GleakAuditStrategy(FedAvg(...), model=...)``):
   each round it runs gleak's label attacks on every reply with that round's global weights, appends one JSON
   line per client to a log file and logs a summary line, then lets the wrapped strategy aggregate.
+* :class:`LoraApp` — for FlowerTune-style apps, whose clients fine-tune a LoRA adapter (peft) on a frozen causal
+  language model and exchange only the adapter's arrays (``get_peft_model_state_dict``):
+  ``GleakCaptureMod("captures", lora=LoraApp("base-model-folder", lora_config))`` writes LoRA captures (the adapter
+  update, bound to the base model's hash, with the ``gleak.peft.*`` keys), the round's global adapter as a peft
+  adapter folder (under ``models/`` and as ``client-<id>.adapter/`` beside each capture, where the ``lora-tokens``
+  attack looks for it), and token batches recorded with :func:`record_batch` as a text truth;
+  ``GleakAuditStrategy(FedAvg(), lora=..., log_path=...)`` runs the token attacks on every reply.
 
 Where the metadata comes from: the mod's own arguments first (what you know about your client code), then the
 reply's metric and config records, then the ``train`` message's config records, then the run config. Keys
@@ -28,14 +35,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import enum
 import json
 import logging
 import math
+import os
 import queue
 import re
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +57,19 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
+from gleak import __version__
+from gleak.capture import Capture, TextTruth, Truth, capture_lora_update
 from gleak.errors import GleakError, shorten
-from gleak.integrations.recorder import CaptureRecorder, ClientRecord, defense_entry, local_steps_from_epochs
+from gleak.integrations.recorder import (
+    MODELS_DIR,
+    CaptureRecorder,
+    ClientRecord,
+    defense_entry,
+    local_steps_from_epochs,
+)
 from gleak.losses import LossSpec
+from gleak.models import LoadedModel
+from gleak.report.model import TokenResult
 
 log = logging.getLogger("flwr.gleak")  # through Flower's own log handler
 
@@ -94,14 +115,46 @@ def defense_record(defense: Any) -> dict[str, Any]:
                      "'name' (e.g. {'name': 'my-clip', 'norm': 1.0})")
 
 
-def record_batch(context: Context, inputs: torch.Tensor, labels: torch.Tensor) -> None:
-    """Call from a client app with each batch it trains on (model-ready inputs, class labels or soft labels);
-    :class:`GleakCaptureMod` then writes them as the capture's ground truth and clears them. Kept in
-    ``context.state``, which Flower keeps on the node."""
+def record_batch(context: Context, inputs: torch.Tensor | Mapping[str, Any], labels: torch.Tensor | None = None, *,
+                 attention_mask: torch.Tensor | None = None) -> None:
+    """Call from a client app with each batch it trains on; :class:`GleakCaptureMod` then writes them as the
+    capture's ground truth and clears them. Kept in ``context.state``, which Flower keeps on the node.
+
+    Images: ``record_batch(context, x, y)`` with the model-ready inputs and the class labels (or soft labels).
+    Token batches (a :class:`LoraApp`): ``record_batch(context, input_ids, attention_mask=mask)``, or
+    ``record_batch(context, batch)`` with the batch as a tokenizer or a data collator returns it (a mapping with
+    ``input_ids`` and ``attention_mask``; its ``labels``, the next-token targets, are not needed). Integer ids
+    [B, T] without labels or a mask are a batch without padding. A call that is neither raises GleakError."""
+    if isinstance(inputs, Mapping):
+        if "input_ids" not in inputs:
+            raise GleakError("record_batch: a batch given as a mapping needs its input_ids (a tokenizer's or a data "
+                             "collator's output)")
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask", attention_mask)
+        labels = None
+    else:
+        ids, mask = inputs, attention_mask
+    if labels is not None and mask is None:
+        record: ArrayRecord = ArrayRecord({"inputs": Array(_numpy(ids)), "labels": Array(_numpy(labels))})
+    else:
+        if labels is not None:
+            raise GleakError("record_batch: pass labels (images) or an attention mask (token batches), not both")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+            raise GleakError("record_batch: token batches are integer input_ids [B, T]; an image batch needs its "
+                             "labels: record_batch(context, inputs, labels)")
+        mask = torch.ones_like(ids) if mask is None else mask
+        if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ids.shape):
+            raise GleakError(f"record_batch: the attention mask must be a tensor of the input_ids' shape "
+                             f"{list(ids.shape)}")
+        record = ArrayRecord({"input_ids": Array(_numpy(ids.long())), "attention_mask": Array(_numpy(mask.long()))})
     step = sum(1 for key in context.state if key.startswith(BATCH_KEY))
-    context.state[f"{BATCH_KEY}{step}"] = ArrayRecord({
-        "inputs": Array(inputs.detach().cpu().contiguous().numpy()),
-        "labels": Array(labels.detach().cpu().contiguous().numpy())})
+    context.state[f"{BATCH_KEY}{step}"] = record
+
+
+def _numpy(values: torch.Tensor) -> np.ndarray:
+    return values.detach().cpu().contiguous().numpy()
+
+
+_BATCH_KINDS = ({"inputs", "labels"}, {"input_ids", "attention_mask"})  # images, token batches
 
 
 def _pop_batches(context: Context) -> list[ArrayRecord] | None:
@@ -112,10 +165,16 @@ def _pop_batches(context: Context) -> list[ArrayRecord] | None:
     records = [context.state[k] for k in keys]
     for k in keys:
         del context.state[k]
-    arrays = [r for r in records if isinstance(r, ArrayRecord) and {"inputs", "labels"} <= set(r)]
+    arrays = [r for r in records if isinstance(r, ArrayRecord) and set(r) in _BATCH_KINDS]
     if len(arrays) != len(records):
         raise GleakError("context.state holds gleak.batch.* entries that record_batch did not write")
+    if len({frozenset(r) for r in arrays}) > 1:
+        raise GleakError("the client app recorded both image and token batches in one round")
     return arrays
+
+
+def _is_tokens(records: list[ArrayRecord] | None) -> bool:
+    return records is not None and len(records) > 0 and "input_ids" in records[0]
 
 
 def _batches(records: list[ArrayRecord] | None) -> tuple[torch.Tensor, torch.Tensor, int] | None:
@@ -124,6 +183,20 @@ def _batches(records: list[ArrayRecord] | None) -> tuple[torch.Tensor, torch.Ten
     inputs = torch.cat([_tensor(r["inputs"]) for r in records])
     labels = torch.cat([_tensor(r["labels"]) for r in records])
     return inputs, labels, len(records)
+
+
+def _token_batches(records: list[ArrayRecord], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token batches in training order as one [N, T] pair (padded to the widest with ``pad_id``, masked out,
+    on the tokenizer's padding side)."""
+    pairs = [(_tensor(r["input_ids"]).long(), _tensor(r["attention_mask"]).long()) for r in records]
+    width = max(int(ids.shape[1]) for ids, _ in pairs)
+    ids_out, mask_out = [], []
+    for ids, mask in pairs:
+        extra = width - int(ids.shape[1])
+        pad = (extra, 0) if left else (0, extra)
+        ids_out.append(torch.nn.functional.pad(ids, pad, value=pad_id))
+        mask_out.append(torch.nn.functional.pad(mask, pad, value=0))
+    return torch.cat(ids_out), torch.cat(mask_out)
 
 
 def _tensor(array: Array) -> torch.Tensor:
@@ -280,6 +353,272 @@ class _BackgroundWriter:
             q.join()
 
 
+@dataclass(frozen=True)
+class BaseModelInfo:
+    """What a LoRA capture records of the base model (``LoraApp.describe``): its tensors' hash (as ``gleak audit
+    --model DIR`` computes it), its vocabulary, pad token and its tokenizer's hash and padding side."""
+
+    sha256: str
+    vocab_size: int | None
+    pad_token_id: int | None
+    tokenizer_sha256: str | None
+    padding_side: str | None
+
+
+def _plain(value: Any) -> Any:
+    """A peft config value as JSON: enums by value, sets sorted, nested containers too."""
+    if isinstance(value, enum.Enum):  # peft's PeftType and TaskType: their values
+        return _plain(value.value)
+    if isinstance(value, str):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        return sorted(_plain(v) for v in value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | str) and not isinstance(value, bool) and str(value).isdigit() else None
+
+
+class LoraApp:
+    """A FlowerTune-style app: its clients fine-tune a LoRA adapter (peft) on a frozen causal language model and
+    send only the adapter's arrays, named as peft's ``get_peft_model_state_dict`` names them
+    (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``). Give it to :class:`GleakCaptureMod` and
+    :class:`GleakAuditStrategy` as ``lora=``.
+
+    ``base_model``: the Hugging Face folder the clients fine-tune (config.json, safetensors weights, tokenizer),
+    loaded offline and only to hash its tensors (once per process; ``trust_remote_code`` as for ``gleak audit``).
+    ``peft_config``: the adapter's settings, a ``peft.LoraConfig``, the ``adapter_config.json`` contents as a
+    mapping, or an adapter folder; ``target_modules`` and ``r`` left out are read from the arrays, ``lora_alpha``
+    defaults to peft's 8. ``max_length``: the truncation length the clients tokenise with (recorded as
+    ``gleak.max_length``; without it, the widest recorded batch). ``base_sha256``: the base model's hash when
+    known (``LoraApp(...).describe().sha256``, once, e.g. on the server), so that no client process loads the base
+    model to hash it. Raises GleakError for a folder or a config gleak cannot use."""
+
+    def __init__(self, base_model: str | os.PathLike[str], peft_config: Any, *, max_length: int | None = None,
+                 base_sha256: str | None = None, trust_remote_code: bool = False) -> None:
+        from gleak.models.peft import is_adapter_dir, lora_settings, read_adapter_config
+        from gleak.models.text import CONFIG_FILE
+
+        self.base_model = Path(base_model)
+        if not (self.base_model / CONFIG_FILE).is_file():
+            raise GleakError(f"LoraApp: {self.base_model} is not a Hugging Face model folder (no {CONFIG_FILE}); "
+                             "pass the base model the clients fine-tune")
+        if isinstance(peft_config, str | os.PathLike):
+            if not is_adapter_dir(peft_config):
+                raise GleakError(f"LoraApp: {peft_config} is not a peft adapter folder (no adapter_config.json)")
+            config = dict(read_adapter_config(peft_config))
+        elif isinstance(peft_config, Mapping):
+            config = _plain(peft_config)
+        elif callable(getattr(peft_config, "to_dict", None)):
+            config = _plain(peft_config.to_dict())
+        else:
+            raise GleakError(f"LoraApp: peft_config is a {type(peft_config).__name__}; expected a peft LoraConfig, "
+                             "the adapter_config.json contents as a dict, or an adapter folder")
+        config.setdefault("peft_type", "LORA")
+        if config["peft_type"] != "LORA" or config.get("use_dora"):
+            raise GleakError(f"LoraApp: a {'DoRA' if config.get('use_dora') else config['peft_type']} adapter is not "
+                             "supported; gleak reads plain LoRA (peft_type LORA)")
+        config["inference_mode"] = True  # as peft saves an adapter
+        lora_settings({"r": 8, "target_modules": ["any"], **{k: v for k, v in config.items() if v is not None}},
+                      where="LoraApp's peft_config")  # r and alpha, when given, are valid
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length < 1):
+            raise GleakError(f"LoraApp: max_length must be a positive integer, got {max_length!r}")
+        if base_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", base_sha256):
+            raise GleakError("LoraApp: base_sha256 must be 64 lower-case hex digits (LoraApp(...).describe().sha256)")
+        self.config: dict[str, Any] = config
+        self.max_length, self.trust_remote_code = max_length, trust_remote_code
+        self._given_sha256 = base_sha256
+        self._info: BaseModelInfo | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # shipped to simulation workers with the mod: no lock
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def adapter_config(self, arrays: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        """The ``adapter_config.json`` of an adapter with these arrays: the given config, its ``target_modules`` and
+        ``r`` read from the arrays when it leaves them out. Raises GleakError when the arrays are not a LoRA
+        adapter's or disagree with the config."""
+        from gleak.attacks.tokens.adapters import LORA_NAME
+        from gleak.models.peft import lora_settings
+
+        matches = {name: LORA_NAME.match(name) for name in arrays}
+        odd = [name for name, m in matches.items() if m is None]
+        if odd or not arrays:
+            raise GleakError("the arrays are not a LoRA adapter's" + (f": '{shorten(odd[0], 80)}' is not a lora_A / "
+                             "lora_B weight" if odd else " (none)") + " (a FlowerTune client sends "
+                             "get_peft_model_state_dict(model); modules_to_save are not supported)")
+        config = dict(self.config)
+        if not config.get("target_modules"):
+            config["target_modules"] = sorted({m["module"].rsplit(".", 1)[-1] for m in matches.values() if m})
+        ranks = {int(arrays[n].shape[0]) for n, m in matches.items()
+                 if m and m["factor"] == "lora_A" and arrays[n].dim() == 2}
+        if config.get("r") is None and len(ranks) == 1:
+            config["r"] = ranks.pop()
+        elif not config.get("rank_pattern") and ranks and ranks != {config.get("r", 8)}:
+            raise GleakError(f"the adapter's lora_A arrays have rank {', '.join(map(str, sorted(ranks)))}; the LoRA "
+                             f"config says r = {config.get('r', 8)}")
+        lora_settings(config, where="LoraApp's peft_config")
+        return config
+
+    def describe(self) -> BaseModelInfo:
+        """The base model's hash and text keys: computed once (the model is loaded to hash it, then let go, unless
+        ``base_sha256`` was given)."""
+        with self._lock:
+            if self._info is None:
+                self._info = self._describe()
+            return self._info
+
+    def load(self) -> LoadedModel:
+        """The base model, loaded as ``gleak audit --model DIR`` loads it (what the server-side audit attacks with)."""
+        from gleak.models.loading import load_text_model
+
+        loaded = load_text_model(self.base_model, trust_remote_code=self.trust_remote_code)
+        with self._lock:
+            self._info = self._info or self._from_loaded(loaded)
+        return loaded
+
+    def _describe(self) -> BaseModelInfo:
+        from gleak.io import read_json_input
+        from gleak.models.text import read_config, task_of, tokenizer_sha256
+
+        if self._given_sha256 is None:
+            from gleak.models.loading import load_text_model
+
+            return self._from_loaded(load_text_model(self.base_model, trust_remote_code=self.trust_remote_code))
+        config = read_config(self.base_model)
+        task, _ = task_of(config, str(self.base_model))
+        if task != "causal_lm":
+            raise GleakError(f"{self.base_model}: LoRA captures support causal language models for now")
+        tok_config = self.base_model / "tokenizer_config.json"
+        tok = read_json_input(tok_config, "tokenizer config") if tok_config.is_file() else {}
+        side = tok.get("padding_side") if isinstance(tok, dict) else None
+        return BaseModelInfo(sha256=self._given_sha256, vocab_size=_int(config.get("vocab_size")),
+                             pad_token_id=_int(config.get("pad_token_id")),
+                             tokenizer_sha256=tokenizer_sha256(self.base_model),
+                             padding_side=side if side in ("left", "right") else "right")
+
+    def _from_loaded(self, loaded: LoadedModel) -> BaseModelInfo:
+        meta = loaded.metadata
+        if meta.get("gleak.task") != "causal_lm":
+            raise GleakError(f"{self.base_model}: LoRA captures support causal language models for now")
+        if self._given_sha256 is not None and self._given_sha256 != loaded.weights_sha256:
+            raise GleakError(f"LoraApp: base_sha256 {self._given_sha256[:12]}… is not the hash of {self.base_model} "
+                             f"({loaded.weights_sha256[:12]}…)")
+        return BaseModelInfo(sha256=loaded.weights_sha256, vocab_size=_int(meta.get("gleak.vocab_size")),
+                             pad_token_id=_int(meta.get("gleak.pad_token_id")),
+                             tokenizer_sha256=meta.get("gleak.tokenizer.sha256"),
+                             padding_side=meta.get("gleak.tokenizer.padding_side"))
+
+
+class _LoraRecorder(CaptureRecorder):
+    """The recorder of a :class:`LoraApp`: the capture of an adapter update (``capture_lora_update``), a text truth,
+    and the round's global adapter as a peft adapter folder, under ``models/`` once per round and beside each
+    capture (``client-<id>.adapter/``, where the ``lora-tokens`` attack reads it)."""
+
+    def __init__(self, root: str | Path, lora: LoraApp, *, save_global: bool, force: bool, producer: str) -> None:
+        super().__init__(root, save_global=save_global, force=force, producer=producer)
+        self.lora = lora
+
+    def global_adapter_path(self, round: int | None, sha256: str) -> Path:
+        prefix = f"round-{round:04d}" if round is not None else "round-unknown"
+        return self.root / MODELS_DIR / f"{prefix}-{sha256[:12]}.adapter"
+
+    def build(self, global_state: Mapping[str, torch.Tensor], local_state: Mapping[str, torch.Tensor],
+              record: ClientRecord) -> tuple[Capture, Truth | TextTruth | None]:
+        from gleak.models.peft import check_same_tensors
+
+        config = self.lora.adapter_config(global_state)
+        check_same_tensors(global_state, local_state)
+        base = self.lora.describe()
+        truth = None
+        if record.inputs is not None and record.attention_mask is not None:
+            truth = TextTruth(input_ids=record.inputs.detach().cpu().long(),
+                              attention_mask=record.attention_mask.detach().cpu().long())
+        steps, batch = record.local_steps, record.batch_size
+        if steps is None and truth is not None and batch and truth.num_examples % batch == 0:
+            steps = truth.num_examples // batch
+        meta: dict[str, Any] = {"gleak.fl.client_id": record.client,
+                                "gleak.producer": f"gleak {__version__} ({self.producer})"}
+        if record.round is not None:
+            meta["gleak.fl.round"] = int(record.round)
+        if record.defense:
+            meta["gleak.defense"] = [dict(d) for d in record.defense]
+        if isinstance(config.get("base_model_name_or_path"), str) and config["base_model_name_or_path"]:
+            meta["gleak.peft.base_model"] = config["base_model_name_or_path"]
+        width = int(truth.input_ids.shape[1]) if truth is not None else None
+        capture = capture_lora_update(
+            global_state, local_state, adapter_config=config, base_sha256=base.sha256, vocab_size=base.vocab_size,
+            learning_rate=record.learning_rate, local_steps=steps, batch_size=batch, optimizer=record.optimizer,
+            momentum=record.momentum if record.optimizer in ("sgdm", "nag") else None,
+            weight_decay=record.weight_decay, tokenizer_sha256=base.tokenizer_sha256, padding_side=base.padding_side,
+            max_length=self.lora.max_length or width, pad_token_id=base.pad_token_id, metadata=meta)
+        capture.extra.update({k: str(v) for k, v in record.extra.items()})
+        if record.num_examples is not None:
+            capture.extra.setdefault("fl.reported_examples", str(int(record.num_examples)))
+        if truth is not None:
+            examples = capture.meta.get("gleak.num_examples")
+            if examples not in (None, truth.num_examples):
+                log.warning("gleak: %s: the client recorded %d sequences but trained on %s (B × m); no truth file "
+                            "written", record.client, truth.num_examples, examples)
+                truth = None
+            else:
+                truth.meta = {k: v for k, v in (("gleak.batch_size", batch), ("gleak.local_steps", steps))
+                              if v is not None}
+        return capture, truth
+
+    def write_companions(self, capture: Capture, global_state: Mapping[str, torch.Tensor] | None,
+                         record: ClientRecord, path: Path) -> None:
+        """The round's global adapter: under ``models/`` when ``save_global``, and beside the capture always (the
+        LoRA attacks read a fresh adapter's span through it)."""
+        from gleak.models.peft import adapter_path_for, save_adapter
+
+        if global_state is None:
+            return
+        config = self.lora.adapter_config(global_state)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in global_state.items()}
+        if self.save_global:
+            self._write_round_adapter(config, tensors, record.round, str(capture.meta["gleak.peft.adapter.sha256"]))
+        save_adapter(adapter_path_for(path), config, tensors, force=self.force)
+
+    def _write_round_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], round: int | None,
+                             sha256: str) -> None:
+        from gleak.models.peft import is_adapter_dir, save_adapter
+
+        target = self.global_adapter_path(round, sha256)
+        with self._lock:
+            if str(target) in self._saved_globals:
+                return
+        if not is_adapter_dir(target):  # every client of the round holds the same adapter: the first one writes it
+            try:
+                save_adapter(target, config, tensors)
+            except GleakError:
+                if not is_adapter_dir(target):  # another client of the round won the race: that folder is the same
+                    raise
+        with self._lock:
+            self._saved_globals.add(str(target))
+
+
+def _refuse_image_options(**options: Any) -> None:
+    given = [name for name, value in options.items() if value is not None]
+    if given:
+        raise GleakError(f"{', '.join(given)}: image-model options; with lora= the model is the LoraApp's base model "
+                         "and the loss is next-token cross-entropy")
+
+
 class GleakCaptureMod:
     """A Flower client mod that writes one capture per client per round (see the module docs).
 
@@ -290,7 +629,12 @@ class GleakCaptureMod:
     :meth:`flush` to wait for it. ``defense``: what the mods between this one and the client app do to the reply,
     in the order applied (Flower's ``LocalDpMod`` objects, or mappings with a ``name``; :func:`defense_record`),
     stamped as every capture's ``gleak.defense``; this mod must be outside them in the chain to capture what they
-    send (the module docs). The rest describe the client's training when its messages do not."""
+    send (the module docs). ``lora``: the app fine-tunes a LoRA adapter on a language model and exchanges only its
+    arrays (:class:`LoraApp`, FlowerTune): every capture is then a LoRA capture (docs/capture-format.md, "LoRA
+    captures"), the round's global adapter is written as a peft adapter folder (``models/round-NNNN-<sha12>.adapter``
+    when ``save_global``, and ``client-<id>.adapter/`` beside each capture), and the image options (``arch``,
+    ``loss``, ``input_shape``, ``mean``, ``std``) do not apply. The rest describe the client's training when its
+    messages do not."""
 
     def __init__(self, out_dir: str | Path, *, arch: str | None = None, arch_kwargs: Mapping[str, Any] | None = None,
                  learning_rate: float | None = None, local_steps: int | None = None,
@@ -298,11 +642,18 @@ class GleakCaptureMod:
                  momentum: float | None = None, weight_decay: float | None = None, loss: LossSpec | None = None,
                  input_shape: Sequence[int] | None = None, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, save_global: bool = True, force: bool = False,
-                 background: bool = True, defense: Sequence[Any] | None = None) -> None:
+                 background: bool = True, defense: Sequence[Any] | None = None, lora: LoraApp | None = None) -> None:
         self.defense = [defense_record(d) for d in defense or ()]  # a configuration error raises here, not per round
-        self.recorder = CaptureRecorder(out_dir, arch=arch, arch_kwargs=arch_kwargs, save_global=save_global,
-                                        input_shape=input_shape, mean=mean, std=std, loss=loss, force=force,
-                                        producer="flower mod")
+        self.lora = lora
+        self.recorder: CaptureRecorder
+        if lora is not None:
+            _refuse_image_options(arch=arch, arch_kwargs=arch_kwargs, loss=loss, input_shape=input_shape, mean=mean,
+                                  std=std)
+            self.recorder = _LoraRecorder(out_dir, lora, save_global=save_global, force=force, producer="flower mod")
+        else:
+            self.recorder = CaptureRecorder(out_dir, arch=arch, arch_kwargs=arch_kwargs, save_global=save_global,
+                                            input_shape=input_shape, mean=mean, std=std, loss=loss, force=force,
+                                            producer="flower mod")
         self.metadata = _Metadata(learning_rate, local_steps, local_epochs, batch_size, optimizer, momentum,
                                   weight_decay)
         self.background = background
@@ -377,13 +728,29 @@ class GleakCaptureMod:
         for key in ("partition-id", "num-partitions"):
             if key in context.node_config:
                 extra[f"flower.{key}"] = str(context.node_config[key])
+        if batches and _is_tokens(batches) != (self.lora is not None):
+            log.warning("gleak: the client app recorded %s batches, but the mod %s; no truth file written",
+                        "token" if _is_tokens(batches) else "image",
+                        "captures LoRA updates of a language model" if self.lora is not None
+                        else "has no LoraApp (lora=) for a language model")
+            batches = None
         sources = [dict(r) for r in (*_records(reply), *configs, context.run_config)]
+        if self.lora is not None and batches and len(sizes := {int(r["input_ids"].shape[0]) for r in batches}) == 1:
+            sources.append({"batch_size": sizes.pop()})  # last resort: every recorded batch had this many sequences
         record = self.metadata.record(round, str(context.node_id), sources, extra, len(batches) if batches else None)
         record.defense = self.defense or None  # the recorder copies them into the capture
+        lora = self.lora
 
         def job() -> Path | None:
-            truth = _batches(batches)
-            if truth is not None:
+            if lora is not None and batches:
+                try:
+                    info = lora.describe()
+                    ids, mask = _token_batches(batches, info.pad_token_id or 0, info.padding_side == "left")
+                    record.inputs, record.attention_mask = ids, mask
+                except Exception as e:  # the capture is still worth writing
+                    log.warning("gleak: no truth file for %s: %s", record.client,
+                                shorten(f"{type(e).__name__}: {e}", 300))
+            elif (truth := _batches(batches)) is not None:
                 record.inputs, record.labels = truth[0], truth[1]
             return self.recorder.write(_state(sent_arrays), _state(returned_arrays), record)
 
@@ -398,22 +765,36 @@ class GleakAuditStrategy(Strategy):
     need it. ``log_path``: the JSON lines file (one line per client per round: counts per attack, findings,
     seconds). ``capture_dir``: also write each reply as a capture there. ``confidence``: batches simulated per
     round to calibrate the attacks (GLEAK-LABELS-EXPECTED findings; 0: off). Metadata arguments as for
-    :class:`GleakCaptureMod`. The wrapped strategy sees the replies unchanged."""
+    :class:`GleakCaptureMod`. The wrapped strategy sees the replies unchanged.
 
-    def __init__(self, strategy: Strategy, *, model: nn.Module | str, log_path: str | Path,
+    ``lora`` instead of ``model``: the clients fine-tune a LoRA adapter on a language model (:class:`LoraApp`,
+    FlowerTune). Each reply is then the client's adapter: gleak's token attacks (``lora-tokens`` reads the bag of
+    input tokens from the first block's adapters) run on its update against the base model, loaded once here, with
+    the round's global adapter; each JSON line holds the token ids and counts each attack recovered (never decoded
+    text), or why it did not run."""
+
+    def __init__(self, strategy: Strategy, *, model: nn.Module | str | None = None, log_path: str | Path,
                  arch_kwargs: Mapping[str, Any] | None = None, aux: Any = None, capture_dir: str | Path | None = None,
                  learning_rate: float | None = None, local_steps: int | None = None,
                  local_epochs: float | None = None, batch_size: int | None = None, optimizer: str | None = None,
                  momentum: float | None = None, weight_decay: float | None = None, loss: LossSpec | None = None,
                  input_shape: Sequence[int] | None = None, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, seed: int = 0, force: bool = False,
-                 confidence: int = 24) -> None:
+                 confidence: int = 24, lora: LoraApp | None = None) -> None:
         from gleak.data import Dataset, load_dataset
         from gleak.runs.audit import AuditConfig
 
         super().__init__()
+        if (model is None) == (lora is None):
+            raise GleakError("GleakAuditStrategy: pass model= (the global model's architecture) or lora= (a LoraApp: "
+                             "clients that fine-tune a LoRA adapter), one of the two")
+        if lora is not None:
+            _refuse_image_options(arch_kwargs=arch_kwargs, aux=aux, loss=loss, input_shape=input_shape, mean=mean,
+                                  std=std)
         self.strategy = strategy
         self.model, self.arch_kwargs = model, dict(arch_kwargs or {})
+        self.lora = lora
+        self.base: LoadedModel | None = lora.load() if lora is not None else None  # a wrong folder raises here
         self.log_path = Path(log_path)
         if self.log_path.exists() and not force:
             raise GleakError(f"{self.log_path} already exists; pass force=True to overwrite it")
@@ -428,9 +809,14 @@ class GleakAuditStrategy(Strategy):
         shape = list(input_shape) if input_shape is not None else None
         if shape is None and self.aux is not None:
             shape = list(self.aux.input_shape)
-        self.recorder = CaptureRecorder(capture_dir or self.log_path.parent, arch=arch, arch_kwargs=arch_kwargs,
-                                        input_shape=shape, mean=mean, std=std, loss=loss, force=force,
-                                        producer="flower strategy")
+        self.recorder: CaptureRecorder
+        if lora is not None:
+            self.recorder = _LoraRecorder(capture_dir or self.log_path.parent, lora, save_global=True, force=force,
+                                          producer="flower strategy")
+        else:
+            self.recorder = CaptureRecorder(capture_dir or self.log_path.parent, arch=arch, arch_kwargs=arch_kwargs,
+                                            input_shape=shape, mean=mean, std=std, loss=loss, force=force,
+                                            producer="flower strategy")
         self.write_captures = capture_dir is not None
         self.metadata = _Metadata(learning_rate, local_steps, local_epochs, batch_size, optimizer, momentum,
                                   weight_decay)
@@ -463,7 +849,8 @@ class GleakAuditStrategy(Strategy):
 
     def summary(self) -> None:
         self.strategy.summary()
-        log.info("gleak: label attacks on every training reply; findings in %s", self.log_path)
+        log.info("gleak: %s attacks on every training reply; findings in %s",
+                 "token" if self.lora is not None else "label", self.log_path)
 
     # ------------------------------------------------------------------------------------------ auditing
     def _audit(self, server_round: int, replies: list[Message]) -> None:
@@ -475,7 +862,11 @@ class GleakAuditStrategy(Strategy):
             log.warning("gleak: round %s: no global weights recorded (configure_train was not called)", server_round)
             return
         arrays, config = self._round[server_round]
+        if self.lora is not None:
+            self._audit_lora(server_round, replies, arrays, config)
+            return
         global_state = _state(arrays)
+        assert self.model is not None  # the constructor takes model= or lora=
         loaded = model_from_state(self.model, global_state, self.arch_kwargs,
                                   tuple(self.recorder.input_shape) if self.recorder.input_shape else None,
                                   f"Flower global model, round {server_round}")
@@ -517,3 +908,67 @@ class GleakAuditStrategy(Strategy):
         log.info("gleak: round %s: %d replies audited; label counts recovered from %d (%s), independent attacks "
                  "agree on %d%s; details in %s", server_round, len(lines), recovered, ", ".join(ran) or "no attack "
                  "applied", agreeing, estimate, self.log_path)
+
+    def _audit_lora(self, server_round: int, replies: list[Message], arrays: ArrayRecord, config: ConfigRecord) -> None:
+        """The token attacks on each reply's adapter update (see the class docs); one JSON line per client."""
+        from gleak.models.peft import adapter_path_for, is_adapter_dir, save_adapter
+        from gleak.runs.audit import audit_loaded
+
+        assert self.lora is not None and self.base is not None
+        global_state = _state(arrays)
+        lines: list[dict[str, Any]] = []
+        with tempfile.TemporaryDirectory(prefix="gleak-round-") as scratch:
+            # lora-tokens reads the global adapter beside the capture (NAME.adapter/): a capture not written to disk
+            # stands at a path in a scratch folder that holds the round's adapter
+            stand_in = Path(scratch) / f"round-{server_round:04d}.safetensors"
+            for reply in replies:
+                node = str(reply.metadata.src_node_id)
+                line: dict[str, Any] = {"round": server_round, "node_id": node}
+                started = time.perf_counter()
+                returned = _single_arrays(reply) if not reply.has_error() and reply.has_content() else None
+                if returned is None:
+                    line.update(status="skipped", reason="the reply holds an error or no single ArrayRecord")
+                else:
+                    try:
+                        record = self.metadata.record(server_round, node, [*_records(reply), config], {})
+                        capture, _ = self.recorder.build(global_state, _state(returned), record)
+                        if self.write_captures:
+                            self.recorder.write_built(capture, None, global_state, record)
+                        if capture.path is None or not is_adapter_dir(adapter_path_for(capture.path)):
+                            if not is_adapter_dir(adapter_path_for(stand_in)):
+                                save_adapter(adapter_path_for(stand_in), self.lora.adapter_config(global_state),
+                                             global_state)
+                            capture.path = stand_in
+                        report, _, _ = audit_loaded(capture, self.base, [], self.config,
+                                                    name=f"flower://round-{server_round}/node-{node}",
+                                                    model_folder=self.lora.base_model)
+                        line.update(status=report.status, error=report.error, batch_size=report.batch_size,
+                                    local_steps=report.local_steps,
+                                    attacks=[_token_line(t) for t in report.tokens or []])
+                    except GleakError as e:
+                        line.update(status="error", error=str(e))
+                line["seconds"] = round(time.perf_counter() - started, 4)
+                lines.append(line)
+        with self.log_path.open("a", encoding="utf-8") as out:
+            for line in lines:
+                out.write(json.dumps(line, sort_keys=True) + "\n")
+        self.rounds[server_round] = lines
+        recovered = [line for line in lines if any(a["status"] == "ok" and a["token_ids"]
+                                                   for a in line.get("attacks", []) if a["attack"] != "union")]
+        tokens = sorted(len(a["token_ids"]) for line in recovered for a in line["attacks"] if a["attack"] == "union")
+        reasons = sorted({a["reason"] for line in lines for a in line.get("attacks", [])
+                          if a["attack"] == "lora-tokens" and a["status"] != "ok" and a["reason"]})
+        log.info("gleak: round %s: %d replies audited; input tokens recovered from %d%s%s; details in %s", server_round,
+                 len(lines), len(recovered), f" (median {tokens[len(tokens) // 2]} distinct tokens)" if tokens else "",
+                 f"; lora-tokens did not run on the others: {shorten(reasons[0], 160)}" if reasons else "",
+                 self.log_path)
+
+
+def _token_line(result: TokenResult) -> dict[str, Any]:
+    """One token attack's result in the strategy's JSON line: ids and counts, never decoded text."""
+    tokens = result.tokens or []
+    line = {"attack": result.attack, "status": result.status, "reason": result.reason,
+            "token_ids": [t.id for t in tokens], "counts": [t.count for t in tokens]}
+    if result.diagnostics and "case" in result.diagnostics:
+        line["read"] = result.diagnostics["case"]  # lora-tokens: the factor it read (lora_A, or lora_B through A)
+    return line

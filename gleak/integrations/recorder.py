@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from gleak import __version__
-from gleak.capture import Capture, Truth, capture_update, save_capture
+from gleak.capture import Capture, TextTruth, Truth, capture_update, save_capture
 from gleak.errors import GleakError, shorten
 from gleak.io import save_safetensors
 from gleak.losses import LossSpec
@@ -60,6 +60,8 @@ class ClientRecord:
     extra: dict[str, str] = field(default_factory=dict)  # framework metadata kept verbatim (e.g. flower.*)
     inputs: torch.Tensor | None = None  # the examples the client trained on, model-ready (truth file)
     labels: torch.Tensor | None = None
+    # token batches: ``inputs`` holds their input_ids [N, T] and this their attention mask (a text truth file)
+    attention_mask: torch.Tensor | None = None
     # what transformed the update before it was captured (a framework's DP mod or privacy filter), in the order
     # applied: stamped as the capture's gleak.defense, a JSON list of {name, options…}
     defense: list[dict[str, Any]] | None = None
@@ -154,8 +156,9 @@ class CaptureRecorder:
 
     # ------------------------------------------------------------------------------------------ building
     def build(self, global_state: Mapping[str, torch.Tensor], local_state: Mapping[str, torch.Tensor],
-              record: ClientRecord) -> tuple[Capture, Truth | None]:
-        """The capture (and truth, when the record carries one) for one client's round; raises GleakError."""
+              record: ClientRecord) -> tuple[Capture, Truth | TextTruth | None]:
+        """The capture (and truth, when the record carries one) for one client's round; raises GleakError. (A
+        subclass for language models returns a :class:`~gleak.capture.TextTruth`.)"""
         buffers = sorted(self.buffers & set(global_state) if self.buffers is not None
                          else {n for n in global_state if n.rsplit(".", 1)[-1] in BUFFER_SUFFIXES})
         meta: dict[str, Any] = {"gleak.fl.client_id": record.client,
@@ -164,7 +167,7 @@ class CaptureRecorder:
             meta["gleak.fl.round"] = int(record.round)
         if record.defense:
             meta["gleak.defense"] = [dict(d) for d in record.defense]
-        truth = None
+        truth: Truth | None = None
         inputs = record.inputs
         if record.labels is not None and inputs is not None:
             truth = Truth(labels=record.labels.detach().cpu(), inputs=inputs.detach().cpu())
@@ -204,15 +207,15 @@ class CaptureRecorder:
             return None
         return self.write_built(capture, truth, global_state, record)
 
-    def write_built(self, capture: Capture, truth: Truth | None, global_state: Mapping[str, torch.Tensor] | None,
+    def write_built(self, capture: Capture, truth: Truth | TextTruth | None,
+                    global_state: Mapping[str, torch.Tensor] | None,
                     record: ClientRecord) -> Path | None:
         """Write a capture :meth:`build` made (the round's global model too, when given and ``save_global``);
         the path, or None after logging why not. Never raises."""
         started = time.perf_counter()
         path = self.capture_path(record)
         try:
-            if self.save_global and global_state is not None:
-                self._write_global(global_state, record.round, capture.meta["gleak.model.sha256"])
+            self.write_companions(capture, global_state, record, path)
             out = save_capture(capture, path, force=self.force, truth=truth)
             with self._lock:
                 self.written += 1
@@ -225,6 +228,12 @@ class CaptureRecorder:
             with self._lock:
                 self.seconds += time.perf_counter() - started
         return None
+
+    def write_companions(self, capture: Capture, global_state: Mapping[str, torch.Tensor] | None,
+                         record: ClientRecord, path: Path) -> None:
+        """What is written before the capture itself: the round's global model, once, when ``save_global``."""
+        if self.save_global and global_state is not None:
+            self._write_global(global_state, record.round, capture.meta["gleak.model.sha256"])
 
     def _failed(self, path: Path, why: str) -> None:
         with self._lock:

@@ -14,9 +14,12 @@ classifiers (``*ForSequenceClassification``) are supported, chosen by the config
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -200,6 +203,21 @@ def load_tokenizer(folder: str | os.PathLike[str], trust_remote_code: bool = Fal
         raise GleakError(f"cannot load the tokenizer in {show(p)}: {_why(exc)}") from None
 
 
+@contextlib.contextmanager
+def _quiet_loading(transformers: Any) -> Iterator[None]:
+    """transformers' weight-loading progress bar only where someone watches: off when stderr is not a terminal
+    (CI logs, pipes), then put back as it was (the switch is process-wide)."""
+    bars = transformers.utils.logging
+    if sys.stderr.isatty() or not bars.is_progress_bar_enabled():
+        yield
+        return
+    bars.disable_progress_bar()
+    try:
+        yield
+    finally:
+        bars.enable_progress_bar()
+
+
 def open_text_model(path: str | os.PathLike[str], trust_pickle: bool = False,
                     trust_remote_code: bool = False) -> tuple[nn.Module, TextModelInfo, str]:
     """Load a Hugging Face folder (see the module's docstring) in eval mode: the module, what it is, and a
@@ -218,9 +236,10 @@ def open_text_model(path: str | os.PathLike[str], trust_pickle: bool = False,
     try:
         config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True,
                                                          trust_remote_code=trust_remote_code)
-        module = auto.from_pretrained(str(folder), config=config, local_files_only=True,
-                                      use_safetensors=safetensors, trust_remote_code=trust_remote_code,
-                                      **{dtype_key: "auto"})
+        with _quiet_loading(transformers):
+            module = auto.from_pretrained(str(folder), config=config, local_files_only=True,
+                                          use_safetensors=safetensors, trust_remote_code=trust_remote_code,
+                                          **{dtype_key: "auto"})
     except Exception as exc:
         raise GleakError(f"cannot load the model in {where}: {_why(exc)}") from None
     module.eval()

@@ -124,6 +124,23 @@ class EpsilonTerms(_Model):
                                           "get_noise_multiplier), else null")
 
 
+class SentenceResult(_Model):
+    """The audit's sentence reconstruction of a language model's capture: counts and scores, never token ids or
+    text (audit reports end up in CI logs)."""
+
+    attack: str
+    status: Status
+    reason: str | None = None
+    seconds: float
+    sequences: int = Field(0, description="sequences recovered")
+    exact: int = Field(0, description="sequences that passed every exactness test")
+    scores: dict[str, float] | None = Field(None, description="against the truth: rouge1, rouge2, rougeL, "
+                                            "exact_match, exact_up_to_last, token_accuracy, with chance_ values")
+    expected: dict[str, Any] | None = Field(None, description="without truth, with --aux text: the mean scores of "
+                                            "the same attack on twin batches drawn from it (twins, rouge1, "
+                                            "exact_match, chance_rouge1, aux)")
+
+
 class CaptureReport(_Model):
     """Everything the audit learned from one capture (or why it could not read it)."""
 
@@ -161,14 +178,18 @@ class CaptureReport(_Model):
     tokens: list[TokenResult] | None = Field(None, description="a language model's capture: the token attacks' "
                                              "results (token ids, counts and scores; never decoded text: the audit "
                                              "has no --show-text); absent for other captures")
+    sentences: SentenceResult | None = Field(None, description="a language model's capture: the sentence "
+                                             "reconstruction (DAGER), scored against the truth or, without it, "
+                                             "expected from twin batches of --aux text; absent for other captures")
 
     @model_serializer(mode="wrap")
     def _without_absent_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``tokens`` is left out of the JSON of a capture that has none (every image capture's report keeps its
-        bytes)."""
+        """``tokens`` and ``sentences`` are left out of the JSON of a capture that has none (every image capture's
+        report keeps its bytes)."""
         data: dict[str, Any] = handler(self)
-        if data.get("tokens", ...) is None:
-            del data["tokens"]
+        for key in ("tokens", "sentences"):
+            if data.get(key, ...) is None:
+                del data[key]
         return data
 
     def best_label(self) -> AttackEntry | None:
@@ -491,7 +512,56 @@ class TokensReport(CommandReport):
     sensitive_tokens: int | None = Field(None, description="distinct tokens of the batch that hold a digit or start "
                                          "with a capital letter (names, dates, record numbers)")
     show_text: bool = False
+    tokens: list[RecoveredToken] | None = Field(None, description="every token of the batch the update gives away: "
+                                                "the union of the input bag and the next tokens (the results' "
+                                                "'union' entry), ids and counts; text only with show_text")
+    token_scores: dict[str, float] | None = Field(None, description="the union's precision, recall, F1 and count "
+                                                  "accuracy against every real token of the batch, with chance")
     results: list[TokenResult]
+    threads: int
+
+
+class RecoveredSequence(_Model):
+    """One sequence a text reconstruction recovered: its token ids, whether it passed every exactness test, where
+    its last token came from; its text only with ``--show-text``."""
+
+    token_ids: list[int]
+    exact: bool = Field(description="passed every test of the attack (DAGER: each position in the second-block span)")
+    last_from_head: bool = Field(False, description="the last token was solved from the LM head's gradient")
+    matched_truth: int | None = Field(None, description="the truth sequence it is matched to (one-to-one, by "
+                                      "ROUGE-1), when scored")
+    scores: dict[str, float] | None = Field(None, description="against its matched truth sequence: rouge1, rouge2, "
+                                            "rougeL, exact, token_accuracy")
+    text: str | None = Field(None, description="the decoded sequence: only with --show-text (the leak itself)")
+
+
+class TextReport(CommandReport):
+    """``gleak reconstruct`` on a language model's capture: the recovered sequences as token ids, scored against
+    the truth (ROUGE over token ids, exact match, token accuracy, next to chance). No decoded text unless asked."""
+
+    report: Literal["text"] = "text"
+    capture: str
+    kind: str
+    model_type: str
+    vocab_size: int
+    batch_size: int | None
+    local_steps: int
+    lora: bool = Field(description="the capture is a LoRA adapter's update")
+    attack: str
+    status: Status
+    reason: str | None = Field(None, description="why it did not apply or failed (one line)")
+    seconds: float
+    options: dict[str, Any] | None = None
+    sequences: list[RecoveredSequence]
+    truth_file: str | None
+    truth_sequences: int | None = Field(None, description="sequences in the truth (their number, never their text)")
+    scores: dict[str, float] | None = Field(None, description="means over the truth's sequences: rouge1, rouge2, "
+                                            "rougeL, exact_match, token_accuracy, with chance_ and bag_only_ "
+                                            "baselines")
+    model_check: ModelCheck | None
+    diagnostics: dict[str, Any] | None = None
+    warnings: list[str] = Field(default_factory=list)
+    show_text: bool = False
     threads: int
 
 
@@ -703,7 +773,7 @@ class AttackInfo(_Model):
     """``gleak attacks``: one registered attack."""
 
     name: str
-    task: Literal["labels", "reconstruct", "tokens"]
+    task: Literal["labels", "reconstruct", "tokens", "text"]
     summary: str
     requires: list[str]
     paper: str
@@ -853,8 +923,8 @@ class SweepReport(CommandReport):
         return self.model_dump(mode="json")
 
 
-REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, TokensReport, ReconstructReport, InspectReport,
-                                        SweepReport, TrainGeneratorReport, ErrorReport)
+REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, TokensReport, TextReport, ReconstructReport,
+                                        InspectReport, SweepReport, TrainGeneratorReport, ErrorReport)
 
 
 def json_schema() -> dict[str, Any]:

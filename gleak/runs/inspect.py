@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from gleak.data import Dataset
 from gleak.errors import GleakError
 from gleak.io import companion_exists
 from gleak.models import LoadedModel, find_last_layer, guess_last_layer, load_model
+from gleak.models.peft import check_adapter_fits
 from gleak.models.text import head_key
 from gleak.report.model import InspectReport
 from gleak.runs.inputs import ModelSpec
@@ -110,16 +112,36 @@ def _text_head(capture: Capture) -> dict[str, Any]:
             "reason": reason}
 
 
+def _lora_layer(capture: Capture) -> dict[str, Any]:
+    """A LoRA capture holds the adapter only, no head: the first ``lora_A`` (r × d), whose rows lie in the span of
+    the adapted layer's inputs once ``lora_B`` ≠ 0 (METHODS-text §3.9)."""
+    keys = [k for k, t in capture.tensors.items() if ".lora_A." in k and t.dim() == 2]
+    if not keys:
+        raise GleakError("a LoRA capture (gleak.peft.type = lora) with no lora_A tensor; pass --fc-layer NAME")
+    weight = capture.tensors[keys[0]]
+    return {"name": keys[0].removesuffix(".weight"), "weight_key": keys[0], "bias_key": None,
+            "weight_shape": list(weight.shape), "has_bias": False, "num_classes": int(weight.shape[0]),
+            "feature_dim": int(weight.shape[1]),
+            "reason": f"LoRA capture (r = {capture.get('gleak.peft.r')}): no head among the adapter's tensors; the "
+                      "first lora_A, whose rows span that layer's inputs once lora_B ≠ 0 (METHODS-text §3.9)"}
+
+
 def _inspect_text(capture: Capture, info: dict[str, Any], model: ModelSpec | None,
                   allow_model_mismatch: bool) -> InspectReport:
     """``gleak inspect`` on a text capture: the model check and the token attacks that apply, no image maths."""
-    info["last_layer"] = _text_head(capture)
+    lora = capture.get("gleak.peft.type") == "lora"
+    info["last_layer"] = _lora_layer(capture) if lora else _text_head(capture)
     if model is not None and model.path is not None:
         loaded = load_model(model.path, model.arch, model.arch_kwargs, model.trust_pickle, model.trust_remote_code)
         if loaded.metadata.get("gleak.modality") != "text":
             raise GleakError(f"{model.path} is not a language model, but the capture holds token batches "
                              "(gleak.modality = text): pass the Hugging Face model folder the client trained")
-        validate_against_model(capture, loaded.module)
+        if lora:  # the base model: the adapter's names and shapes are what peft makes of it with the recorded LoRA
+            settings = {"r": capture.get("gleak.peft.r"), "lora_alpha": capture.get("gleak.peft.alpha"),
+                        "target_modules": capture.get("gleak.peft.target_modules")}
+            check_adapter_fits(copy.deepcopy(loaded.module), settings, capture.tensors)
+        else:
+            validate_against_model(capture, loaded.module)
         check = check_model_hash(capture, loaded.weights_sha256, allow_model_mismatch)
         info["model"] = {"file": str(model.path), "source": loaded.source, "arch": loaded.arch,
                          "weights_sha256": loaded.weights_sha256, "model_check": check,

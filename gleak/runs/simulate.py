@@ -14,9 +14,10 @@ from gleak.io import OutputSet, check_writable
 from gleak.losses import LossSpec
 from gleak.metrics.labels import truth_counts
 from gleak.models import LoadedModel, load_model, load_tokenizer
+from gleak.models.peft import LoraAdapter, LoraSpec, adapter_path_for, check_adapter_writable, save_adapter
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, resolve_device
 from gleak.simulate import ClientConfig, simulate_client
-from gleak.simulate_text import TextClientOptions, simulate_text_client
+from gleak.simulate_text import TextClientOptions, simulate_lora_client, simulate_text_client
 from gleak.text_data import is_text_data, load_text_data
 
 
@@ -79,10 +80,16 @@ class SimulateRequest:
     force: bool = False
     max_length: int | None = None  # text: truncate each example to this many tokens
     train_mode: bool | None = None  # None: train mode for images, eval mode for text (ClientConfig.train_mode unused)
+    peft: LoraSpec | None = None  # text: train a fresh LoRA adapter only; its global adapter is written beside
 
     @property
     def truth_path(self) -> Path | None:
         return None if self.no_truth else truth_path_for(self.output)
+
+    @property
+    def adapter_path(self) -> Path | None:
+        """``NAME.adapter/``: the global adapter a LoRA client started from (with ``peft`` only)."""
+        return None if self.peft is None else adapter_path_for(self.output)
 
 
 @dataclass
@@ -92,6 +99,7 @@ class SimulateRun:
     capture: Capture
     truth: Truth | TextTruth
     written: list[Path]
+    adapter: LoraAdapter | None = None  # with --peft: the global adapter, written to SimulateRequest.adapter_path
 
     @property
     def label_counts(self) -> list[tuple[int, int]]:
@@ -113,17 +121,21 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
     truth_path = request.truth_path
     if truth_path is not None:
         check_writable(truth_path, request.force)
+    if request.adapter_path is not None:
+        check_adapter_writable(request.adapter_path, request.force)
     m = request.model
     if m.path is None:
         raise GleakError("simulate needs the global model (--model)")
     loaded = load_model(m.path, m.arch, m.arch_kwargs, m.trust_pickle, m.trust_remote_code)
     capture: Capture
     truth: Truth | TextTruth
+    adapter: LoraAdapter | None = None
     if loaded.metadata.get("gleak.modality") == "text" or is_text_data(request.data):
-        capture, truth = _simulate_text(request, loaded)
+        capture, truth, adapter = _simulate_text(request, loaded)
     else:
-        if request.max_length is not None:
-            raise GleakError("--max-length applies to text data (.txt, .jsonl) and a language model folder")
+        if request.max_length is not None or request.peft is not None:
+            flag = "--max-length" if request.max_length is not None else "--peft"
+            raise GleakError(f"{flag} applies to text data (.txt, .jsonl) and a language model folder")
         dataset = load_dataset(request.data)
         check_model_fits_data(loaded, dataset)
         config = request.config
@@ -139,11 +151,16 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
                 save_text_truth(truth, out.path(truth_path.name), capture_path=bound, force=request.force)
             else:
                 save_truth(truth, out.path(truth_path.name), capture_path=bound, force=request.force)
+        if adapter is not None and request.adapter_path is not None:  # a folder: written whole, before the files
+            save_adapter(request.adapter_path, adapter.config, adapter.tensors, force=request.force)
         written = out.commit()
-    return SimulateRun(capture, truth, written)
+    if request.adapter_path is not None:
+        written.append(request.adapter_path)
+    return SimulateRun(capture, truth, written, adapter)
 
 
-def _simulate_text(request: SimulateRequest, loaded: LoadedModel) -> tuple[Capture, TextTruth]:
+def _simulate_text(request: SimulateRequest, loaded: LoadedModel
+                   ) -> tuple[Capture, TextTruth, LoraAdapter | None]:
     """A language model's client on text data: both must be text (one line otherwise)."""
     if loaded.metadata.get("gleak.modality") != "text":
         raise GleakError(f"text data ({request.data.suffix}) needs a language model: pass a Hugging Face model folder "
@@ -159,5 +176,8 @@ def _simulate_text(request: SimulateRequest, loaded: LoadedModel) -> tuple[Captu
         task=meta.get("gleak.task", "causal_lm"), max_length=request.max_length,
         train_mode=bool(request.train_mode), tokenizer_sha256=meta.get("gleak.tokenizer.sha256"),
         num_labels=int(meta["gleak.num_labels"]) if "gleak.num_labels" in meta else None)
-    return simulate_text_client(loaded.module, tokenizer, data, request.config, options,
-                                resolve_device(request.device))
+    device = resolve_device(request.device)
+    if request.peft is not None:
+        return simulate_lora_client(loaded.module, tokenizer, data, request.config, options, request.peft, device)
+    capture, truth = simulate_text_client(loaded.module, tokenizer, data, request.config, options, device)
+    return capture, truth, None

@@ -26,7 +26,7 @@ from gleak.report.model import RecoveredToken, TokenResult, TokensReport
 from gleak.runs.inputs import Inputs
 
 # which of the truth's multisets each attack recovers (METHODS-text §2.1-§2.3)
-TRUTH_OF = {"token-bag": "inputs", "next-tokens": "targets"}
+TRUTH_OF = {"token-bag": "inputs", "lora-tokens": "inputs", "next-tokens": "targets"}
 
 
 def is_sensitive(text: str) -> bool:
@@ -36,7 +36,7 @@ def is_sensitive(text: str) -> bool:
     return any(c.isdigit() for c in word) or (word[:1].isalpha() and word[:1].isupper())
 
 
-def _decoder(folder: str | Path | None, trust_remote_code: bool = False) -> Callable[[int], str] | None:
+def token_decoder(folder: str | Path | None, trust_remote_code: bool = False) -> Callable[[int], str] | None:
     """Token id -> its text, from the tokenizer in the model's folder (None when there is no folder or it has no
     tokenizer)."""
     from gleak.models.text import load_tokenizer, tokenizer_files
@@ -75,7 +75,7 @@ def run_token_attacks(ctx: Context, truth: TextTruth | None, attacks: Sequence[A
         raise TypeError("the token attacks need a language model's capture")
     bags = (truth_bags(truth.input_ids, truth.attention_mask, causal_lm=spec.task == "causal_lm")
             if truth is not None else None)
-    decode = _decoder(model_folder, trust_remote_code) if bags is not None or show_text else None
+    decode = token_decoder(model_folder, trust_remote_code) if bags is not None or show_text else None
     sensitive = ({t for t in bags["all"] if is_sensitive(decode(t))} if bags is not None and decode is not None
                  else None)
     longest = int(truth.attention_mask.sum(dim=1).max()) if truth is not None and truth.attention_mask.numel() else None
@@ -86,7 +86,33 @@ def run_token_attacks(ctx: Context, truth: TextTruth | None, attacks: Sequence[A
         attack.configure(dict(options.get(attack.name, {})))
         result = run_attack(attack, ctx)
         results.append(_result(result, bags, sensitive, spec.vocab_size, decode if show_text else None, longest))
-    return TokenRun(results=results, bags=bags, sensitive=sensitive)
+    union = _union(results, bags, sensitive, spec.vocab_size, decode if show_text else None)
+    return TokenRun(results=results + ([union] if union is not None else []), bags=bags, sensitive=sensitive)
+
+
+UNION = "union"  # the pseudo-attack that merges the input bag and the next tokens
+
+
+def _union(results: Sequence[TokenResult], bags: Mapping[str, Counter[int]] | None, sensitive: set[int] | None,
+           vocab_size: int, decode: Callable[[int], str] | None) -> TokenResult | None:
+    """Every token of the batch the update gives away: the union of the input bag (token-bag) and the next tokens
+    (next-tokens), each token's count the larger of the two (a lower bound of its count in the batch, which is
+    the input count plus the sequences it ends), scored against every real token of the batch. Under next-token
+    loss the last token of each sequence is seen only as a target, so neither attack alone covers the batch
+    (METHODS-text §2.3). None when neither ran."""
+    parts = [r for r in results if r.status == "ok" and r.attack in TRUTH_OF and r.tokens]
+    if not parts:
+        return None
+    merged: Counter[int] = Counter()
+    for part in parts:
+        for token in part.tokens or []:
+            merged[token.id] = max(merged[token.id], token.count)
+    tokens = [RecoveredToken(id=t, count=c, text=decode(t) if decode is not None else None)
+              for t, c in sorted(merged.items())]
+    return TokenResult(attack=UNION, status="ok", seconds=sum(p.seconds for p in parts), reason=None,
+                       method=" ∪ ".join(p.attack for p in parts), truth="all" if bags is not None else None,
+                       tokens=tokens, scores=_scores(merged, bags, "all", sensitive, vocab_size) if bags else None,
+                       warnings=[])
 
 
 def run_tokens(inputs: Inputs, attacks: list[Attack], options: Mapping[str, Mapping[str, Any]],
@@ -107,7 +133,9 @@ def run_tokens(inputs: Inputs, attacks: list[Attack], options: Mapping[str, Mapp
         truth_file=str(inputs.truth_path) if inputs.truth_path else None, model_check=ctx.model_check,
         truth_tokens={k: len(v) for k, v in bags.items()} if bags is not None else None,
         sensitive_tokens=len(sensitive) if sensitive is not None else None, show_text=show_text,
-        results=run.results, threads=torch.get_num_threads())
+        tokens=next((r.tokens for r in run.results if r.attack == UNION), None),
+        token_scores=next((r.scores for r in run.results if r.attack == UNION), None), results=run.results,
+        threads=torch.get_num_threads())
 
 
 def _result(result: AttackResult, bags: Mapping[str, Counter[int]] | None, sensitive: set[int] | None,

@@ -67,8 +67,9 @@ AllowModelMismatch = Annotated[bool, Cli(
     "(gleak.model.sha256); reports record it.", table=None, not_in_files="attacking with weights other than the "
     "captured ones is decided on the command line only: pass --allow-model-mismatch")]
 ShowText = Annotated[bool, Cli(
-    ("--show-text",), "A language model's capture: put the decoded tokens in the JSON report. They are the client's "
-    "data itself; without this flag reports hold token ids and counts only, and the console never shows text.",
+    ("--show-text",), "A language model's capture: put the decoded tokens in the JSON report (and gleak "
+    "reconstruct's sequences.txt). They are the client's data itself; without this flag reports hold token ids and "
+    "counts only, and the console never shows text.",
     table=None, not_in_files="showing recovered text is decided on the command line only: pass --show-text")]
 Threads = Annotated[int | None, Field(ge=1, le=v.MAX_THREADS), Cli(
     ("--threads",), "CPU threads for torch (default 1: steady on a shared machine; more can help large models on "

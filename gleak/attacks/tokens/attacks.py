@@ -17,7 +17,15 @@ from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
-from gleak.attacks.tokens.bag import CHUNK_BYTES, Bag, head_targets, position_lengths, tied_bag, untied_bag
+from gleak.attacks.tokens.bag import (
+    CHUNK_BYTES,
+    RANK_POINTS,
+    Bag,
+    head_targets,
+    position_lengths,
+    tied_bag,
+    untied_bag,
+)
 from gleak.attacks.tokens.view import TokenView
 from gleak.errors import GleakError
 
@@ -74,12 +82,14 @@ class TokenAttack(Attack):
         return None
 
     def memory_bytes(self, ctx: Context) -> int:
-        """Two float64 blocks of rows (:data:`CHUNK_BYTES`), about eight float64 vectors [V] and two d × d float64
-        matrices (the Gram matrix and its eigenvectors, tied models only)."""
+        """Two float64 blocks of rows (:data:`CHUNK_BYTES`), about eight float64 vectors [V] and, tied models only,
+        two d × d float64 matrices (the Gram matrix and its eigenvectors) and the float32 [V, RANK_POINTS] table of
+        residual ratios of the rank sweep."""
         spec = ctx.text_model
         if spec is None:
             return 0
-        return 2 * CHUNK_BYTES + 8 * 8 * spec.vocab_size + 2 * 8 * spec.hidden_size ** 2
+        return (2 * CHUNK_BYTES + 8 * 8 * spec.vocab_size + 2 * 8 * spec.hidden_size ** 2
+                + 4 * RANK_POINTS * spec.vocab_size)
 
 
 class TokenBagOptions(AttackOptions):
@@ -90,8 +100,8 @@ class TokenBagOptions(AttackOptions):
                             "share of the largest entry")
     exclude: int | None = Field(None, ge=1, description="tied: the largest-norm rows kept out of the head-span "
                                 "estimate (default 4·B·T when known, else 4096)")
-    min_gap: float = Field(10.0, gt=1, description="tied: the smallest singular-value and ρ gap accepted before "
-                           "falling back to the row-norm cut")
+    min_gap: float = Field(10.0, gt=1, description="tied: the smallest gap of the sorted residual ratios ρ "
+                           "accepted (at the best rank of the head span) before falling back to the row-norm cut")
     rho_threshold: float | None = Field(None, gt=0, lt=1, description="tied: flag rows whose residual ratio ρ "
                                         "exceeds this (default: the edge of the bulk of head-only rows)")
 
@@ -103,22 +113,25 @@ class TokenBag(TokenAttack):
 
     Untied embedding (or a classification loss): ∇E[v] = Σ_{x_it = v} ∂L/∂x_it is non-zero exactly at tokens that
     occur at loss-relevant input positions; rows are flagged when max|row| > ``relative``·max (float64). Tied
-    embedding under next-token loss: ∇E = G_in + G_head with every row of G_head in 𝓗 = span{h}; rows are scored by
-    the share ρ_v of the row outside an estimate of 𝓗 (§2.2(a), see
+    embedding under next-token loss: ∇E = G_in + G_head with every row of G_head in 𝓗 = span{h} (the union over the
+    local steps for an update); rows are scored by the share ρ_v of the row outside an estimate of 𝓗 from the
+    rows of absent tokens, its rank chosen as the one whose ρ separate best (§2.2(a), see
     :func:`gleak.attacks.tokens.bag.tied_bag`), falling back to the row-norm log-gap cut (§2.2(b)) when 𝓗 fills
     the space; ``diagnostics.method`` says which ran. Scores: max|row|/max (untied), ρ (tied), norm/max (row-norm).
 
     What is recovered: untied, the tokens at input positions (a sequence's last token is invisible under
-    next-token loss: see ``next-tokens``); tied, the same plus, on trained models, some tokens that occur only as
-    targets (their head rows are not fully captured by the estimated span).
+    next-token loss: see ``next-tokens``); tied, the same. Tokens seen only as targets are head-only and stay out,
+    unless the absent tokens' rows never weigh the hidden state that predicted them (a model certain of every
+    alternative at a position, e.g. a fixed template): then they are flagged too (docs/methods/tokens.md).
 
     Counts: round(‖row‖ / median flagged ‖row‖), the residual norm for tied models (§2.1's heuristic: a row sums
     occurrences of unknown norms). Rough: measured count accuracy is in docs/methods/tokens.md.
 
     Updates are read as their direction −Δ (FedAvg: the rows of every local step add up; untied, still exactly
-    the batch's rows). Peak extra memory: a 64 MiB float64 block of rows and its |·| (128 MiB), a few float64 [V]
-    vectors and, tied,
-    two d × d float64 matrices (Gram and eigenvectors: 268 MB at d = 4096)."""
+    the batch's rows; tied, a float32 update rounds the absent tokens' small rows against the weights, which can
+    hide 𝓗: docs/methods/tokens.md). Peak extra memory: a 64 MiB float64 block of rows and its |·| or its
+    coordinates (128 MiB), a few float64 [V] vectors and, tied, two d × d float64 matrices (Gram and
+    eigenvectors: 268 MB at d = 4096) and a float32 [V, 48] table of ρ (9.6 MB at V = 50,257)."""
 
     name = "token-bag"
     paper = FILM
@@ -144,8 +157,8 @@ class TokenBag(TokenAttack):
 class NextTokenOptions(AttackOptions):
     exclude: int | None = Field(None, ge=1, description="tied: the largest-norm rows kept out of the head-span "
                                 "estimate (default 4·B·T when known, else 4096)")
-    min_gap: float = Field(10.0, gt=1, description="tied: the smallest singular-value gap accepted for the head "
-                           "span")
+    min_gap: float = Field(10.0, gt=1, description="tied: the smallest gap of the sorted residual ratios ρ "
+                           "accepted for the head-span separation")
 
 
 @register
@@ -166,7 +179,8 @@ class NextTokens(TokenAttack):
 
     Memory: the head is read in 64 MiB float64 blocks of rows; peak extra memory is one block and its |·| plus a few
     float64 [V] vectors (measured: 129 MB at V = 50,257, d = 768 and 124 MB at V = 128,256, d = 4096, beside the
-    stored head; bench/tokens.py), plus two d × d float64 matrices for tied models; never V × V or (B·T) × V."""
+    stored head; bench/tokens.py), plus, tied, two d × d float64 matrices and a float32 [V, 48] table; never V × V
+    or (B·T) × V."""
 
     name = "next-tokens"
     paper = "Wainakh et al., User-Level Label Leakage from Gradients in Federated Learning, PoPETs 2022"

@@ -2,14 +2,16 @@
 
 Every function reads a stored matrix (float32, bf16 or float64) a block of rows at a time, converts the block to
 float64 and keeps only per-row values ([V] float64 vectors) and, for the tied separation, a d × d float64 Gram
-matrix. Peak extra memory is therefore about ``chunk_bytes`` + 8·(a few V) + 8·d² bytes (+ 8·d·r for the basis),
-never a float64 copy of the matrix, never V × V or (B·T) × V.
+matrix and its eigenvectors, plus a float32 [V, 48] table of residual ratios. Peak extra memory is therefore about
+2·``chunk_bytes`` + 8·(a few V) + 4·48·V + 2·8·d² bytes, never a float64 copy of the matrix, never V × V or
+(B·T) × V.
 
 * :func:`row_stats` — per-row max |·| and Euclidean norm.
 * :func:`log_gap_cut` — how many of the largest scores stand apart: the largest gap of the sorted scores in log
   scale (§2.2(b)).
-* :func:`head_subspace`, :func:`residual_ratios` — §2.2(a): an orthonormal basis of 𝓗 = span{h} from reference rows
-  (SVD through the Gram matrix, rank at the largest singular-value gap) and ρ_v = ‖(I − Π)g_v‖ / ‖g_v‖.
+* :func:`head_spectrum`, :func:`residual_sweep`, :func:`pick_rank` — §2.2(a): the singular vectors of reference rows
+  (through the Gram matrix), ρ_v(r) = ‖(I − Π_r)g_v‖ / ‖g_v‖ for a grid of ranks r in one pass, and the rank
+  whose ρ separate best; :func:`residual_ratios` for one basis.
 * :func:`untied_bag`, :func:`tied_bag`, :func:`head_targets`, :func:`position_lengths` — §2.1–§2.4.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -25,8 +28,9 @@ import torch
 CHUNK_BYTES = 64 * 2**20  # float64 working block of rows
 TINY = 1e-300
 # Singular values from the float64 Gram matrix are resolved to about sqrt(eps)·s_max; below this share of s_max they
-# are rounding, so the rank gap is never sought there.
+# are rounding and their directions arbitrary, so no candidate rank reaches there.
 GRAM_FLOOR = 1e-9
+RANK_POINTS = 48  # candidate ranks of the head span tried by the tied separation
 
 
 def row_blocks(mat: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, torch.Tensor]]:
@@ -74,7 +78,7 @@ def log_gap_cut(scores: torch.Tensor, max_flag: int, floor: float = 1e-12,
 @dataclass(kw_only=True)
 class Subspace:
     """An orthonormal basis [d, r] (float64) of the estimated head span 𝓗, the singular values of the reference rows
-    (descending) and the gap ratio s_r / s_(r+1) that chose r."""
+    (descending) and the residual-ratio gap s_k / s_(k+1) that chose r (:func:`pick_rank`)."""
 
     basis: torch.Tensor
     singular_values: torch.Tensor
@@ -85,34 +89,73 @@ class Subspace:
         return int(self.basis.shape[1])
 
 
-def head_subspace(mat: torch.Tensor, reference: torch.Tensor, max_rank: int | None = None,
-                  chunk_bytes: int = CHUNK_BYTES) -> Subspace:
-    """Basis of span{rows of ``mat`` where ``reference``}, from the eigenvectors of the Gram matrix Σ u uᵀ of the
-    unit reference rows u (d × d, float64, accumulated over the vocabulary).
-
-    The rank r ≤ ``max_rank`` (≤ d − 1) is at the largest singular-value gap (METHODS-text §2.2(a)) after the
-    first direction: the first is the common mean of the h's, which always belongs to 𝓗 and whose gap to the
-    rest dominates in multi-step updates (the h's drift between steps and the spectrum decays without a clean
-    gap at M)."""
+def head_spectrum(mat: torch.Tensor, reference: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(singular values [d], right singular vectors [d, d], both float64, descending) of the stacked *unit* rows of
+    ``mat`` where ``reference``, from the eigen-decomposition of their Gram matrix Σ u uᵀ (d × d, accumulated over
+    the vocabulary; never the rows themselves). Unit rows: every head-only row lies in 𝓗 whatever its norm, so
+    small rows count as much as large ones. Values below :data:`GRAM_FLOOR` of the largest are rounding."""
     d = mat.shape[1]
     gram = torch.zeros(d, d, dtype=torch.float64)
     for first, block in row_blocks(mat, chunk_bytes):
         keep = block[reference[first:first + len(block)]]
-        keep = keep / keep.norm(dim=1, keepdim=True).clamp_min(TINY)  # directions: small rows count as much
+        keep = keep / keep.norm(dim=1, keepdim=True).clamp_min(TINY)
         gram.addmm_(keep.T, keep)
     eig, vec = torch.linalg.eigh(gram)
-    eig, vec = eig.flip(0).clamp_min(0.0), vec.flip(1)
-    s = eig.sqrt()
-    top = float(s[0]) if d else 0.0
-    limit = min(d - 1, max_rank if max_rank is not None else d - 1)
-    if top <= 0 or limit < 1:
-        return Subspace(basis=vec[:, :0], singular_values=s, gap=1.0)
-    clamped = s.clamp_min(top * GRAM_FLOOR)
-    logs = torch.log(clamped[:limit + 1])
-    gaps = logs[:-1] - logs[1:]
-    r = int(torch.argmax(gaps[1:])) + 2 if len(gaps) > 1 else 1
-    gap = math.exp(float(gaps[r - 1]))
-    return Subspace(basis=vec[:, :r].contiguous(), singular_values=s, gap=gap)
+    return eig.flip(0).clamp_min(0.0).sqrt(), vec.flip(1).contiguous()
+
+
+def rank_grid(limit: int, points: int = RANK_POINTS) -> list[int]:
+    """Candidate ranks 1 … ``limit``: all of them when there are at most ``points``, else ``points`` evenly spaced
+    (1 and ``limit`` included)."""
+    if limit < 1:
+        return []
+    if limit <= points:
+        return list(range(1, limit + 1))
+    return sorted({round(1 + i * (limit - 1) / (points - 1)) for i in range(points)})
+
+
+def residual_sweep(mat: torch.Tensor, vectors: torch.Tensor, ranks: list[int], chunk_bytes: int = CHUNK_BYTES
+                   ) -> torch.Tensor:
+    """ρ_v(r) = ‖(I − Π_r)g_v‖ / ‖g_v‖ for every row and every r in ``ranks`` (ascending), Π_r the projection onto the
+    first r columns of the orthonormal ``vectors`` [d, d]: float32 [V, len(ranks)] (0 for a zero row). One pass:
+    the squared coordinates of each block in the full basis are summed between consecutive ranks and the tails
+    added up from the end (sums of positive terms: no cancellation, so ρ stays exact down to ~1e-8)."""
+    n = mat.shape[0]
+    d = vectors.shape[1]
+    edges = [*ranks, d]
+    out = torch.empty(n, len(ranks), dtype=torch.float32)
+    for first, block in row_blocks(mat, chunk_bytes):
+        coords = (block @ vectors).square_()
+        parts = torch.stack([coords[:, a:b].sum(1) for a, b in pairwise(edges)], 1)
+        del coords
+        tails = parts.flip(1).cumsum(1).flip(1)
+        total = torch.linalg.vector_norm(block, dim=1, keepdim=True).square()
+        rho = torch.where(total > 0, (tails / total.clamp_min(TINY)).sqrt(), torch.zeros_like(tails))
+        out[first:first + len(block)] = rho.float()
+    return out
+
+
+@dataclass(kw_only=True)
+class RankChoice:
+    """The rank whose residual ratios separate best: its index in the candidate list, the rank, how many rows lie
+    above the chosen gap (k) and the gap's ratio."""
+
+    index: int
+    rank: int
+    flagged: int
+    gap: float
+
+
+def pick_rank(rho: torch.Tensor, ranks: list[int], max_flag: int, min_gap: float) -> RankChoice | None:
+    """Among the candidate ranks r (columns of ``rho``), the one whose sorted ρ show the widest edge of the bulk
+    of head-only rows (:func:`log_gap_cut` with ``lowest_above=min_gap``); None when there is no candidate."""
+    best: RankChoice | None = None
+    for j, r in enumerate(ranks):
+        k, ratio = log_gap_cut(rho[:, j], max_flag, floor=1e-9, lowest_above=min_gap)
+        if best is None or ratio > best.gap:
+            best = RankChoice(index=j, rank=r, flagged=k, gap=ratio)
+    return best
 
 
 def residual_ratios(mat: torch.Tensor, basis: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
@@ -185,71 +228,101 @@ def untied_bag(mat: torch.Tensor, relative: float = 1e-6, max_share: float = 0.5
                diagnostics=diagnostics, warnings=warnings)
 
 
+def row_norm_bag(norm: torch.Tensor, max_flag: int, why: str | None = None) -> Bag:
+    """§2.2(b): the rows above the largest log-gap of the sorted row norms (``why``: the warning saying why the
+    separation was not used; None for the plain baseline)."""
+    k, ratio = log_gap_cut(norm, max_flag)
+    flagged = torch.zeros(len(norm), dtype=torch.bool)
+    flagged[torch.argsort(norm, descending=True)[:k]] = True
+    top = float(norm.max()) if len(norm) else 0.0
+    warnings = [] if why is None else [
+        f"span-residual separation not used: {why}; fell back to the row-norm gap cut, which also flags "
+        "target-only tokens and misses inputs on confident (trained) models"]
+    return Bag(flagged=flagged, scores=norm / top if top > 0 else norm, counts=rough_counts(norm, flagged),
+               method="row-norm-gap", diagnostics={"gap_ratio": ratio}, warnings=warnings)
+
+
 def tied_bag(mat: torch.Tensor, exclude: int, rho_threshold: float | None = None,
              min_gap: float = 10.0, max_rank: int | None = None, chunk_bytes: int = CHUNK_BYTES
              ) -> tuple[Bag, Subspace | None]:
     """§2.2: separate the input part of a tied embedding gradient from the head part, which lies in 𝓗 = span{h}.
 
-    (a) Reference rows = all but the ``exclude`` largest-norm rows and the rows at the numerical floor; 𝓗 from
-    their SVD (rank at the largest singular-value gap); ρ_v = ‖(I − Π)g_v‖/‖g_v‖; flagged = ρ above
-    ``rho_threshold`` (default: the largest log-gap of the sorted ρ); the flagged rows leave the reference set and
-    𝓗 is estimated once more. When 𝓗 fills the space (rank d − 1: M ≥ d), or the sorted ρ have no gap of at least
-    ``min_gap``, (b): the row-norm log-gap cut. ``Bag.method`` says which was used.
+    (a) Reference rows = all but the ``exclude`` largest-norm rows and the rows at the numerical floor; their
+    singular vectors (:func:`head_spectrum`) give nested candidate bases of 𝓗. The rank is not read off the
+    spectrum (on trained models and multi-step updates it decays over decades without a gap at M) but chosen by
+    the separation itself: for up to :data:`RANK_POINTS` ranks r ≤ min(``max_rank``, d − 2) with singular values
+    above :data:`GRAM_FLOOR`, ρ_v(r) = ‖(I − Π_r)g_v‖/‖g_v‖ for every row (:func:`residual_sweep`, one pass), and
+    r is the rank whose sorted ρ show the widest edge of the bulk of head-only rows (:func:`pick_rank`). Flagged
+    = ρ above that gap (or above ``rho_threshold``); when a flagged row was in the reference set it leaves it and
+    the whole estimate runs once more (the first is kept when the second finds no gap). When no rank shows a gap
+    of at least ``min_gap`` (𝓗 fills the space: M ≳ d; or noise), (b): the row-norm log-gap cut. ``Bag.method``
+    says which was used.
 
     Returns the bag and the subspace (None when (b) decided)."""
-    v = mat.shape[0]
+    v, d = mat.shape
     _, norm = row_stats(mat, chunk_bytes)
     top = float(norm.max()) if v else 0.0
     max_flag = max(1, v // 2)
+    if not math.isfinite(min_gap):
+        return row_norm_bag(norm, max_flag), None
     exclude = max(0, min(exclude, v // 2))
     order = torch.argsort(norm, descending=True)
     reference = norm > top * 1e-12
     reference[order[:exclude]] = False
+    limit = min(d - 2, max_rank if max_rank is not None else d - 2)
     diagnostics: dict[str, Any] = {"reference_rows": int(reference.sum()), "excluded_largest": exclude}
     why = None
-    sub = None
     rho = torch.zeros(v, dtype=torch.float64)
     flagged = torch.zeros(v, dtype=torch.bool)
+    sub = None
+    kept: tuple[torch.Tensor, torch.Tensor, Subspace] | None = None
     for attempt in range(2):
         if int(reference.sum()) < 2:
             why = "too few reference rows to estimate the head span"
             break
-        sub = head_subspace(mat, reference, max_rank, chunk_bytes)
-        diagnostics[f"rank_{attempt}"] = sub.rank
-        diagnostics[f"singular_gap_{attempt}"] = sub.gap
-        if sub.rank >= mat.shape[1] - 1 or (max_rank is not None and sub.rank >= max_rank):
-            why = (f"the head part fills the space (rank {sub.rank} of d = {mat.shape[1]}): more scored positions "
-                   "than the width?")
+        s, vectors = head_spectrum(mat, reference, chunk_bytes)
+        ranks = rank_grid(min(limit, int((s > GRAM_FLOOR * s[0]).sum())) if s[0] > 0 else 0)
+        if not ranks:
+            why = "the reference rows are zero, or the width leaves no room for a head span"
             break
-        rho, _ = residual_ratios(mat, sub.basis, chunk_bytes)
+        sweep = residual_sweep(mat, vectors, ranks, chunk_bytes)
+        choice = pick_rank(sweep, ranks, max_flag, min_gap)
+        if choice is None:
+            why = "no candidate rank for the head span"
+            break
+        rho = sweep[:, choice.index].double()
+        del sweep
+        sub = Subspace(basis=vectors[:, :choice.rank].contiguous(), singular_values=s, gap=choice.gap)
+        diagnostics.update({f"rank_{attempt}": choice.rank, f"rho_gap_{attempt}": choice.gap,
+                            f"singular_value_at_rank_{attempt}": float(s[choice.rank - 1] / s[0]) if s[0] > 0
+                            else 0.0})
         if rho_threshold is not None:
             flagged = rho > rho_threshold
             diagnostics["rho_threshold"] = rho_threshold
         else:
-            k, ratio = log_gap_cut(rho, max_flag, floor=1e-9, lowest_above=min_gap)
-            diagnostics[f"rho_gap_{attempt}"] = ratio
-            if ratio < min_gap:
-                why = f"the residual ratios ρ show no clear gap (best {ratio:.3g} < {min_gap:g})"
+            if choice.gap < min_gap:
+                if attempt == 1 and kept is not None:  # the first estimate separated: keep it
+                    flagged, rho, sub = kept
+                    diagnostics["kept_first_estimate"] = True
+                    break
+                why = (f"the residual ratios ρ show no clear gap at any rank of the head span (best {choice.gap:.3g} "
+                       f"< {min_gap:g})")
                 break
             srt = torch.sort(rho, descending=True).values
-            cut = math.sqrt(float(srt[k - 1]) * float(srt[k]))
+            cut = math.sqrt(float(srt[choice.flagged - 1]) * float(srt[choice.flagged]))
             diagnostics["rho_threshold"] = cut
             flagged = rho > cut
-        if attempt == 0:
-            reference = reference & ~flagged
-            diagnostics["reference_rows"] = int(reference.sum())
+        if not bool((flagged & reference).any()):
+            break  # the reference set stays the same: a second estimate would repeat the first
+        kept = (flagged, rho, sub)
+        reference = reference & ~flagged
+        diagnostics["reference_rows"] = int(reference.sum())
     if why is None and sub is not None:
-        _, resid = residual_ratios(mat, sub.basis, chunk_bytes)
-        return Bag(flagged=flagged, scores=rho, counts=rough_counts(resid, flagged), method="span-residual",
+        return Bag(flagged=flagged, scores=rho, counts=rough_counts(rho * norm, flagged), method="span-residual",
                    diagnostics=diagnostics), sub
-    k, ratio = log_gap_cut(norm, max_flag)
-    flagged = torch.zeros(v, dtype=torch.bool)
-    flagged[order[:k]] = True
-    diagnostics["gap_ratio"] = ratio
-    return Bag(flagged=flagged, scores=norm / top if top > 0 else norm, counts=rough_counts(norm, flagged),
-               method="row-norm-gap", diagnostics=diagnostics,
-               warnings=[f"span-residual separation not used: {why}; fell back to the row-norm gap cut, which also "
-                         "flags target-only tokens and misses inputs on confident (trained) models"]), None
+    bag = row_norm_bag(norm, max_flag, why)
+    bag.diagnostics = {**diagnostics, **bag.diagnostics}
+    return bag, None
 
 
 def head_targets(mat: torch.Tensor, candidates: torch.Tensor | None = None, max_flag: int | None = None,

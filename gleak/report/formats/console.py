@@ -26,6 +26,7 @@ from gleak.report.model import (
     LabelsReport,
     ReconstructReport,
     Report,
+    TextReport,
     TokensReport,
     TrainGeneratorReport,
 )
@@ -167,7 +168,7 @@ def print_tokens(console: Console, report: TokensReport) -> None:
         left = col in ("attack", "method")
         table.add_column(col, justify="left" if left else "right", no_wrap=not left, overflow="fold",
                          min_width=11 if left else None)
-    reasons = []
+    reasons: dict[str, list[str]] = {}  # one line per reason, naming every attack that gave it
     for r in report.results:
         sc = r.scores or {}
         cells = [f"{sc[k]:.3f}" if k in sc else "—" for k in ("precision", "recall", "f1", "chance_f1",
@@ -175,12 +176,45 @@ def print_tokens(console: Console, report: TokensReport) -> None:
         found = (str(len(r.tokens)) if r.tokens else (f"len {r.max_length}" if r.max_length else "—"))
         table.add_row(r.attack, r.method or "—", found if r.status == "ok" else r.status, *cells)
         if r.reason:
-            reasons.append(f"{r.attack}: {escape(r.reason)}")
+            reasons.setdefault(r.reason, []).append(r.attack)
     console.print(table)
-    for line in reasons:
-        console.print(f"[dim]{line}[/]", soft_wrap=True)
+    for reason, attacks in reasons.items():
+        console.print(f"[dim]{', '.join(attacks)}: {escape(reason)}[/]", soft_wrap=True)
     if report.show_text:
         console.print("[dim]decoded tokens: in the JSON report only (--format json or -o FILE)[/]")
+
+
+def print_text(console: Console, report: TextReport, written: Sequence[Path]) -> None:
+    """`gleak reconstruct` on a language model's capture: what was recovered and how well, never decoded text (the
+    console is where CI logs come from; --show-text puts the text in metrics.json and sequences.txt only)."""
+    console.print(f"[bold]{escape(report.capture)}[/]: {report.kind}, {report.model_type}, V = {report.vocab_size}, "
+                  f"B = {report.batch_size}" + (f", m = {report.local_steps} steps" if report.local_steps > 1 else "")
+                  + (", LoRA" if report.lora else ""), soft_wrap=True)
+    if report.status != "ok":
+        console.print(f"{report.attack}: {report.status}: {escape(report.reason or '')}", soft_wrap=True)
+    else:
+        exact = sum(s.exact for s in report.sequences)
+        console.print(f"{report.attack}: {len(report.sequences)} sequence(s) recovered in {report.seconds:.1f} s, "
+                      f"{exact} passing every exactness test", soft_wrap=True)
+    sc = report.scores
+    if sc:
+        table = Table(show_lines=False)
+        for col in ("", "ROUGE-1", "ROUGE-2", "ROUGE-L", "exact", "token acc."):
+            table.add_column(col, justify="left" if not col else "right")
+        keys = ("rouge1", "rouge2", "rougeL", "exact_match", "token_accuracy")
+        table.add_row("recovered", *[f"{sc[k]:.3f}" if k in sc else "—" for k in keys])
+        table.add_row("chance", *[f"{sc['chance_' + k]:.3f}" if "chance_" + k in sc else "—" for k in keys])
+        if any(k.startswith("bag_only_") for k in sc):
+            table.add_row("bag only", *[f"{sc['bag_only_' + k]:.3f}" if "bag_only_" + k in sc else "—"
+                                        for k in keys])
+        console.print(table)
+        console.print(f"[dim]against {report.truth_sequences} truth sequence(s), matched one to one; ROUGE over "
+                      "token ids[/]")
+    elif report.status == "ok":
+        console.print("[dim]no ground truth beside the capture: not scored[/]")
+    if written:
+        console.print(f"wrote {', '.join(escape(str(p)) for p in written)}"
+                      + ("" if report.show_text else " (token ids only: --show-text decodes)"), soft_wrap=True)
 
 
 def print_soft_labels(console: Console, report: LabelsReport, rows: Sequence[LabelResult]) -> None:

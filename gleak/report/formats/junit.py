@@ -40,7 +40,7 @@ FILENAME = "junit.xml"
 SUITE = "gleak audit"
 ROUNDS_SUITE = "gleak audit: rounds"
 CHECKS: tuple[str, ...] = ("labels", "soft-label", "images")
-TEXT_CHECKS: tuple[str, ...] = ("tokens",)  # a language model's capture
+TEXT_CHECKS: tuple[str, ...] = ("tokens", "text")  # a language model's capture
 CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-LABELS": "labels",
     "GLEAK-LABELS-AGREE": "labels",
@@ -50,6 +50,8 @@ CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-IMAGES": "images",
     "GLEAK-IMAGES-EXPECTED": "images",
     "GLEAK-TEXT-TOKENS": "tokens",
+    "GLEAK-TEXT": "text",
+    "GLEAK-TEXT-EXPECTED": "text",
 }
 
 # Everything outside XML 1.0's Char production: C0 controls but tab/newline/return, surrogates, U+FFFE/U+FFFF.
@@ -123,6 +125,15 @@ def _skip_reason(capture: CaptureReport, check: str) -> str | None:
         if any(t.status == "ok" for t in capture.tokens or []):
             return "no ground truth: the recovered tokens could not be scored"
         return "no token attack ran"
+    if check == "text":
+        entry = capture.sentences
+        if entry is None:
+            return "no sentence reconstruction ran"
+        if entry.scores or entry.expected:
+            return None
+        if entry.status != "ok":
+            return f"{entry.attack} {entry.status}: {entry.reason}"
+        return "no ground truth and no --aux text: the recovered sequences could not be scored"
     if check == "images":
         recon = [a for a in capture.attacks if a.task == "reconstruct"]
         if any(a.scores and a.scores.get("psnr") is not None for a in recon) or capture.expected_images:
@@ -139,6 +150,8 @@ def _skip_reason(capture: CaptureReport, check: str) -> str | None:
 def _check_seconds(capture: CaptureReport, check: str) -> float:
     if check == "tokens":
         return sum(t.seconds for t in capture.tokens or [])
+    if check == "text":
+        return capture.sentences.seconds if capture.sentences is not None else 0.0
     task = {"labels": "labels", "images": "reconstruct"}.get(check)
     return sum(a.seconds for a in capture.attacks if a.task == task) if task else 0.0
 

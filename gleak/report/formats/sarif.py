@@ -122,6 +122,38 @@ RULES: dict[str, RuleInfo] = {
             + "- **Freeze the token embeddings and the LM head** (e.g. LoRA on the attention and MLP layers only): "
               "their gradients are where the batch's tokens show.\n"),
         default_severity="high"),
+    "GLEAK-TEXT": RuleInfo(
+        name="TextLeakage",
+        short="The shared update of a language model reveals whole sequences of the client's text.",
+        full=("A sentence-reconstruction attack (DAGER) recovered the client's token sequences from the first "
+              "transformer blocks' gradients (or a LoRA adapter's), scored against the token batches the client "
+              "trained on: ROUGE-1 well above chance, and often every sequence exactly."),
+        help_markdown=(
+            "# Text leakage (GLEAK-TEXT)\n\n"
+            "gleak ran DAGER (Petrov et al., NeurIPS 2024) on the captured gradient or update: every vocabulary "
+            "token is tested against the span of the first block's attention-input gradient, and prefixes are "
+            "grown while the second block's inputs stay in its span; the last token of each sequence comes from "
+            "the LM head. The recovered sequences are matched one to one with the truth's and scored with ROUGE over "
+            "token ids. The severity follows the GLEAK-LABELS thresholds on ROUGE-1 over chance: critical when "
+            "every sequence came back exactly, high at ROUGE-1 >= 0.9. Reports hold counts and scores only.\n\n"
+            "## Mitigations\n\n" + _MITIGATIONS
+            + "- **Larger batches of longer sequences, or a LoRA rank below the batch's distinct tokens**: the "
+              "attack needs fewer distinct inputs than the layer width (or the adapter's rank).\n"),
+        default_severity="critical"),
+    "GLEAK-TEXT-EXPECTED": RuleInfo(
+        name="ExpectedTextLeakage",
+        short="Batches like this client's leak their text: DAGER recovers twin batches of the auxiliary text.",
+        full=("Without ground truth, gleak simulated batches like this capture's (same model, batch size, length and "
+              "local steps) from the --aux text and attacked them the same way; the scores are an expectation for "
+              "this client's batches."),
+        help_markdown=(
+            "# Expected text leakage (GLEAK-TEXT-EXPECTED)\n\n"
+            "No truth was beside the capture. gleak drew twin batches from the --aux text, simulated the client's "
+            "step on each with the capture's model and settings, ran DAGER and scored it against each twin. The "
+            "severity follows the GLEAK-TEXT ladder on the mean ROUGE-1, capped at high (an expectation, not a "
+            "measurement of this batch).\n\n"
+            "## Mitigations\n\n" + _MITIGATIONS),
+        default_severity="high"),
     "GLEAK-DP-BUDGET": RuleInfo(
         name="PrivacyBudgetExceeded",
         short="A client's cumulative privacy loss ε exceeds the budget set with --max-epsilon.",

@@ -28,11 +28,19 @@ from gleak.report.model import AttackEntry, CaptureReport, EpsilonTerms, FileRef
 from gleak.report.privacy import terms_of
 from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
-from gleak.runs.audit.setup import FORWARD_CACHE_ENTRIES, STANDARD_ITERATIONS, AuditConfig, ModelSet, pick_aux
+from gleak.runs.audit.setup import (
+    FORWARD_CACHE_ENTRIES,
+    STANDARD_ITERATIONS,
+    AuditConfig,
+    ModelSet,
+    pick_aux,
+    pick_text_aux,
+)
 from gleak.runs.audit.text import audit_text
 from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import NO_LINEUP, finite, identification_of
+from gleak.text_data import TextData
 
 CaptureResult = tuple[CaptureReport, list[Finding], list[Notice]]
 
@@ -43,7 +51,7 @@ def _epsilon(capture: Capture) -> tuple[float | None, EpsilonTerms | None]:
     return (float(capture.meta["gleak.dp.epsilon"]), terms) if terms is not None else (None, None)
 
 
-def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Dataset]], config: AuditConfig,
+def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Dataset | TextData]], config: AuditConfig,
                   out_dir: Path | None = None) -> CaptureResult:
     """Audit one capture file; bad input becomes an error entry (never an exception)."""
     started = time.perf_counter()
@@ -70,7 +78,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
                         model_folder=model_path if text else None)
 
 
-def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Path, Dataset]],
+def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Path, Dataset | TextData]],
                  config: AuditConfig, truth: Truth | TextTruth | None = None, out_dir: Path | None = None,
                  name: str | None = None, report: CaptureReport | None = None,
                  started: float | None = None,
@@ -105,7 +113,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
                             allow_model_mismatch=config.allow_model_mismatch,
                             max_memory=config.memory_limit)
         if ctx.text_model is not None or isinstance(truth, TextTruth):
-            return _audit_text(ctx, truth, config, report, started, stages, mark, model_folder)
+            return _audit_text(ctx, truth, config, report, started, stages, mark, model_folder,
+                               pick_text_aux(auxes))
         aux = pick_aux(auxes, ctx.input_shape, ctx.num_classes)
         if aux is not None:
             ctx = ctx.with_aux(aux[1], _shared_forwards(cache, loaded, aux, ctx))
@@ -187,7 +196,8 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
 
 
 def _audit_text(ctx: Context, truth: Truth | TextTruth | None, config: AuditConfig, report: CaptureReport,
-                started: float, stages: dict[str, float], mark: float, model_folder: Path | None) -> CaptureResult:
+                started: float, stages: dict[str, float], mark: float, model_folder: Path | None,
+                text_aux: tuple[Path, TextData] | None = None) -> CaptureResult:
     """A language model's capture, once its context is built: the token attacks (:mod:`gleak.runs.audit.text`)."""
     if ctx.text_model is None or isinstance(truth, Truth):
         where = report.truth.path if report.truth is not None else "the ground truth"
@@ -197,7 +207,7 @@ def _audit_text(ctx: Context, truth: Truth | TextTruth | None, config: AuditConf
                                             "is an image classifier's")), started), [], []
     stages["context"] = round(time.perf_counter() - mark, 6)
     try:
-        findings, notices = audit_text(ctx, truth, config, report, model_folder)
+        findings, notices = audit_text(ctx, truth, config, report, model_folder, text_aux)
     except GleakError as e:
         return _error(report, e, started), [], []
     report.seconds = round(time.perf_counter() - started, 3)

@@ -21,6 +21,7 @@ from gleak.models import LoadedModel, is_text_model_dir, load_model
 from gleak.runs.inputs import memory_limit
 from gleak.settings.audit import AuditSettings
 from gleak.settings.values import BUDGETS, EXECUTORS, FAIL_ON, FAIL_ROUNDS_EXPECTED, normal_fail_rounds
+from gleak.text_data import TextData
 
 __all__ = ["BUDGETS", "EXECUTORS", "FAIL_ON", "AuditConfig", "HashCache", "ModelSet", "find_captures", "find_models",
            "parse_fail_rounds"]
@@ -257,9 +258,15 @@ class ModelSet:
         return self.files[0], self.get(self.files[0])
 
 
-def pick_aux(auxes: Sequence[tuple[Path, Dataset]], input_shape: tuple[int, ...] | None,
+def pick_aux(auxes: Sequence[tuple[Path, Dataset | TextData]], input_shape: tuple[int, ...] | None,
              num_classes: int) -> tuple[Path, Dataset] | None:
-    """The first auxiliary data set that fits a model with ``input_shape`` and ``num_classes``, or None."""
+    """The first auxiliary image set that fits a model with ``input_shape`` and ``num_classes``, or None."""
     from gleak.attacks.context import aux_problem
 
-    return next(((p, d) for p, d in auxes if aux_problem(d, input_shape, num_classes) is None), None)
+    return next(((p, d) for p, d in auxes if isinstance(d, Dataset) and aux_problem(d, input_shape, num_classes)
+                 is None), None)
+
+
+def pick_text_aux(auxes: Sequence[tuple[Path, Dataset | TextData]]) -> tuple[Path, TextData] | None:
+    """The first auxiliary text (.txt/.jsonl), for the expected leakage of language models' captures."""
+    return next(((p, d) for p, d in auxes if isinstance(d, TextData)), None)

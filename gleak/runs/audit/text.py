@@ -1,6 +1,7 @@
 """Auditing a language model's capture (``gleak.modality`` text): the token attacks that ``gleak labels`` runs
 (:func:`gleak.runs.tokens.run_token_attacks`), scored against the truth's token batches when they are beside the
-capture, and the finding ``GLEAK-TEXT-TOKENS`` (:func:`gleak.runs.audit.findings.token_finding`).
+capture, and the finding ``GLEAK-TEXT-TOKENS`` (:func:`gleak.runs.audit.findings.token_finding`); then the
+sentence reconstruction (:mod:`gleak.runs.audit.sentences`: ``GLEAK-TEXT``, ``GLEAK-TEXT-EXPECTED``).
 
 Recovered text is the client's data itself, and audit reports end up in CI logs: the capture's report holds token
 ids, counts and scores only. The model folder's tokenizer decodes the truth's tokens in memory, to count the
@@ -17,17 +18,18 @@ from gleak.attacks.plan import select_attacks
 from gleak.capture import TextTruth
 from gleak.report.model import CaptureReport, Finding, Notice
 from gleak.runs.audit.findings import notices_for, token_finding
+from gleak.runs.audit.sentences import audit_sentences
 from gleak.runs.audit.setup import AuditConfig
 from gleak.runs.tokens import run_token_attacks
+from gleak.text_data import TextData
 
-NOT_RECONSTRUCTED = ("reconstruction skipped (a language model's capture: the audit recovers the batch's tokens; "
-                     "reconstructing whole sequences is not part of it)")
 NO_LABEL_ATTACKS = ("label attacks skipped (a language model's capture: the label attacks of image classifiers do "
                     "not apply; the token attacks ran)")
 
 
 def audit_text(ctx: Context, truth: TextTruth | None, config: AuditConfig, report: CaptureReport,
-               model_folder: Path | None) -> tuple[list[Finding], list[Notice]]:
+               model_folder: Path | None, text_aux: tuple[Path, TextData] | None = None
+               ) -> tuple[list[Finding], list[Notice]]:
     """Fill ``report`` (setting, assumptions, ``tokens``) for a language model's capture; its findings and notices.
     ``model_folder``: the Hugging Face folder whose tokenizer tells the sensitive tokens apart (None: not counted)."""
     spec = ctx.text_model
@@ -50,7 +52,7 @@ def audit_text(ctx: Context, truth: TextTruth | None, config: AuditConfig, repor
     run = run_token_attacks(ctx, truth, attacks, {a.name: config.attack_options(a.name) for a in attacks},
                             model_folder=model_folder, trust_remote_code=config.trust_remote_code)
     report.tokens = run.results
-    report.skipped += [NO_LABEL_ATTACKS, NOT_RECONSTRUCTED]
+    report.skipped.append(NO_LABEL_ATTACKS)
     for result in run.results:
         if result.status == "not_applicable":
             report.skipped.append(f"{result.attack}: {result.reason}")
@@ -69,6 +71,11 @@ def audit_text(ctx: Context, truth: TextTruth | None, config: AuditConfig, repor
         finding = token_finding(report, config.thresholds)
         if finding is not None:
             findings.append(finding)
-    notices += notices_for(ctx, report, path, aux_given=False)
     stages["tokens"] = round(time.perf_counter() - mark, 6)
+    mark = time.perf_counter()
+    more, notes = audit_sentences(ctx, truth, config, report, model_folder, text_aux)
+    findings += more
+    notices += notes
+    stages["sentences"] = round(time.perf_counter() - mark, 6)
+    notices += notices_for(ctx, report, path, aux_given=False)
     return findings, notices

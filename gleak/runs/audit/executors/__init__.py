@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gleak.data import Dataset
     from gleak.runs.audit.capture import CaptureResult
     from gleak.runs.audit.setup import AuditConfig, ModelSet
+    from gleak.text_data import TextData
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -33,14 +34,16 @@ class WorkerSetup:
     threads: int
     index: tuple[tuple[Path, str], ...] | None = None  # (file, weights sha256), from the driver's indexing
 
-    def load(self) -> tuple[ModelSet, list[tuple[Path, Dataset]]]:
-        """The model store and the aux data (bad files fail here with a GleakError)."""
+    def load(self) -> tuple[ModelSet, list[tuple[Path, Dataset | TextData]]]:
+        """The model store and the aux data: image sets, and text (.txt/.jsonl) for language models' captures
+        (bad files fail here with a GleakError)."""
         from gleak.data import load_dataset
         from gleak.runs.audit.setup import ModelSet
+        from gleak.text_data import is_text_data, load_text_data
 
         index = dict(self.index) if self.index is not None else None
         return (ModelSet.load(self.model_files, self.config, index),
-                [(p, load_dataset(p)) for p in self.aux_paths])
+                [(p, load_text_data(p) if is_text_data(p) else load_dataset(p)) for p in self.aux_paths])
 
 
 def run_captures(files: Sequence[Path], setup: WorkerSetup, out_dir: Path | None, executor: ExecutorName = "local",

@@ -1,0 +1,97 @@
+"""Inputs of a module inside a language model, computed by running the model up to it: a forward pre-hook
+records the module's input and stops the pass there (only the layers before it run).
+
+* :func:`module_inputs` — the input of one module for a batch of token sequences.
+* :func:`input_kind` — whether that input depends only on the token at its position (the first block's attention
+  projections) and on the position too (learned absolute positions), checked on a probe.
+* :func:`token_inputs`, :func:`candidate_residuals` — every vocabulary token's input at a position (one-token
+  sequences read at that position through ``position_ids``), and a score of each, streamed in chunks of tokens.
+
+Shared by ``lora-tokens`` and the sentence reconstruction (DAGER's candidates; METHODS-text §3.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gleak.errors import GleakError
+
+CHUNK_TOKENS = 2048  # candidate tokens per forward pass
+MAX_POSITIONS = 512  # position-dependent inputs: positions tested at most (without a recorded max length)
+
+
+class _Stop(Exception):
+    """Raised by the pre-hook: the forward pass has reached the adapted module."""
+
+
+def module_inputs(model: nn.Module, layer: nn.Module, input_ids: torch.Tensor,
+                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The input of ``layer`` [B, T, d_in] when ``model`` reads ``input_ids`` [B, T] (at ``position_ids`` when
+    given; no gradient; the pass stops at the layer)."""
+    seen: list[torch.Tensor] = []
+
+    def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
+        seen.append(args[0].detach())
+        raise _Stop
+
+    handle = layer.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            extra = {"position_ids": position_ids} if position_ids is not None else {}
+            model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **extra)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    if not seen:
+        raise GleakError("the base model's forward pass never reached the adapted module")
+    return seen[0].reshape(input_ids.shape[0], input_ids.shape[1], -1)
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """How an adapted module's input depends on the batch: only on the token at that position (``tokenwise``), and
+    then on the position too (``positional``: learned absolute positions)."""
+
+    tokenwise: bool
+    positional: bool
+
+
+def input_kind(model: nn.Module, layer: nn.Module, vocab_size: int) -> InputKind:
+    """Probe: the input at the last position for two different prefixes, and at position 0."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (2, 3), generator=gen)
+    ids[:, 2] = ids[0, 2]
+    if torch.equal(ids[0, :2], ids[1, :2]):
+        ids[1, :2] = (ids[0, :2] + 1) % vocab_size
+    x = module_inputs(model, layer, ids).double()
+    scale = float(x.abs().max()) or 1.0
+    tokenwise = bool(torch.allclose(x[0, 2], x[1, 2], rtol=1e-4, atol=1e-5 * scale))
+    alone = module_inputs(model, layer, ids[:1, 2:]).double()[0, 0]
+    positional = not bool(torch.allclose(alone, x[0, 2], rtol=1e-4, atol=1e-5 * scale))
+    return InputKind(tokenwise=tokenwise, positional=positional)
+
+
+def candidate_residuals(model: nn.Module, layer: nn.Module, vocab_size: int, positions: int,
+                        score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``score`` (rows [N, d_in] -> [N] residuals) of every token's input to ``layer`` at each of ``positions``
+    positions: [positions, V] float64 (one row when the input does not depend on the position)."""
+    out = torch.empty(positions, vocab_size, dtype=torch.float64)
+    for p in range(positions):
+        out[p] = score(token_inputs(model, layer, vocab_size, p))
+    return out
+
+
+def token_inputs(model: nn.Module, layer: nn.Module, vocab_size: int, position: int) -> torch.Tensor:
+    """Every vocabulary token's input to ``layer`` at ``position`` [V, d_in] (one-token sequences read at that
+    position through ``position_ids``; valid for token-wise inputs, :func:`input_kind`)."""
+    rows = []
+    for first in range(0, vocab_size, CHUNK_TOKENS):
+        ids = torch.arange(first, min(first + CHUNK_TOKENS, vocab_size)).unsqueeze(1)
+        rows.append(module_inputs(model, layer, ids, torch.full_like(ids, position))[:, 0])
+    return torch.cat(rows)
