@@ -6,6 +6,7 @@ unless --show-text)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,15 @@ from .text_models import NAMES, build_notes_and_models
 from .token_models import gpt2, gradient, llama, spec_of, token_batch
 
 VOCAB = 500
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread while a test trains a model (given back afterwards)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def real(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
@@ -115,3 +125,19 @@ def test_gleak_reconstruct_on_a_text_capture(tmp_path: Path) -> None:
         done = runner.invoke(app, ["reconstruct", str(cap), "--model", str(llama_dir), "-o", str(tmp_path / "x"),
                                    *args])
         assert done.exit_code == 2 and words in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_model_that_knows_the_domain_still_gives_exact_sequences() -> None:
+    """A tiny GPT-2 trained on the synthetic notes (tied head): the head solve for the last tokens shares its rows
+    with the input part of the gradient, so uncertain picks are checked against the recomputed gradient."""
+    from .conftest import ROOT
+    from .notes_lm import bpe_tokenizer, encode, make_notes, train_gpt2
+
+    lines = (ROOT / "samples" / "text" / "notes.txt").read_text().splitlines()
+    tok = bpe_tokenizer(lines, 1000)
+    model, info = train_gpt2(tok, lines, d=128, layers=2, heads=2, steps=40, lr=3e-3)
+    assert info["train_loss"] < 2.2, info
+    ids, mask = encode(tok, make_notes(7)[:3], 12)
+    found = attack(model, gradient(model, ids, mask), ids)
+    assert sorted(found.sequences) == sorted(real(ids, mask)), found.diagnostics

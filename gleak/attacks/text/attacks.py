@@ -67,7 +67,9 @@ class Dager(SentenceAttack):
         found = run_dager(model, spec, dict(tensors), head=head, head_scale=scale,
                           stored_adapter=load_global_adapter(ctx.capture.path) if is_lora_only(tensors) else None,
                           missing_global=missing, min_gap=self.options.min_gap,
-                          span_gap=self.options.span_gap, progress=inputs.note)
+                          span_gap=self.options.span_gap,
+                          padding_side=str(ctx.capture.get("gleak.tokenizer.padding_side") or "right"),
+                          progress=inputs.note)
         return TextOutput(sequences=found.sequences, exact=found.exact,
                           diagnostics={"method": "dager", **found.diagnostics,
                                        "last_from_head": found.last_from_head}, warnings=found.warnings)

@@ -39,8 +39,11 @@ from gleak.attacks.tokens.inputs import MAX_POSITIONS, input_kind, module_inputs
 from gleak.attacks.tokens.span import gap_threshold
 from gleak.attacks.tokens.spantest import SpanTest, lora_span, weight_span
 from gleak.attacks.tokens.view import TextModelSpec, is_lora_only
+from gleak.capture import model_logits, token_loss
 from gleak.errors import GleakError
 
+CANDIDATES = 5  # runners-up per last token kept from the head solve
+UNSURE = 0.05  # a solved weight further than this from 1 is checked by recomputing the gradient (tied heads)
 MAX_FRONTIER = 4096  # prefixes kept per step (the best by layer-2 residual) before the search is cut
 CHUNK_CANDIDATES = 1 << 15  # candidate tokens (sequences × length) per forward pass of the prefix test
 
@@ -353,8 +356,56 @@ def last_tokens(model: nn.Module, spec: TextModelSpec, head_grad: torch.Tensor, 
         score[rows] = r @ pinv
     best = score.argmax(0).tolist()
     confidence = score.max(0).values.tolist()
+    top = score.topk(min(CANDIDATES, vocab), dim=0).indices.T.tolist()  # [n, k]: each sequence's runners-up
     return [int(b) for b in best], {"last_tokens": "head solve" + (" (tied: approximate)" if tied else ""),
-                                    "last_token_scores": [round(float(c), 4) for c in confidence]}
+                                    "last_token_scores": [round(float(c), 4) for c in confidence],
+                                    "last_token_candidates": top}
+
+
+def refine_last_tokens(model: nn.Module, captured: torch.Tensor, prefixes: list[list[int]], picks: list[int],
+                       candidates: list[list[int]], confidence: list[float], pad: int, left: bool
+                       ) -> tuple[list[int], dict[str, Any]]:
+    """Tied embeddings: the head solve shares its rows with the input part of the gradient, so a pick whose
+    solved weight is not about 1 is checked by recomputing the batch's gradient of the (tied) embedding for each
+    runner-up and keeping the one closest to the capture's (METHODS-text §2.2(d), verification). FedSGD only."""
+    emb: Any = model.get_input_embeddings()  # type: ignore[operator]
+    weight = emb.weight
+    target = captured.double()
+    scale = float(target.norm()) or 1.0
+    was = weight.requires_grad
+
+    def distance(lasts: list[int]) -> float:
+        rows = [[*s, t] for s, t in zip(prefixes, lasts, strict=True)]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for k, r in enumerate(rows):
+            cols = slice(width - len(r), width) if left else slice(0, len(r))
+            ids[k, cols] = torch.tensor(r)
+            mask[k, cols] = 1
+        with torch.enable_grad():
+            loss = token_loss(model_logits(model(input_ids=ids, attention_mask=mask)), ids, mask, None, "causal_lm")
+            (grad,) = torch.autograd.grad(loss, [weight])
+        return float((grad.double() - target).norm()) / scale
+
+    weight.requires_grad_(True)
+    try:
+        picks = list(picks)
+        best = distance(picks)
+        start = best
+        for j, c in enumerate(confidence):
+            if abs(c - 1.0) <= UNSURE:
+                continue
+            for option in candidates[j]:
+                if option == picks[j]:
+                    continue
+                trial = [*picks[:j], option, *picks[j + 1:]]
+                d = distance(trial)
+                if d < best:
+                    best, picks = d, trial
+    finally:
+        weight.requires_grad_(was)
+    return picks, {"last_tokens_checked": True, "last_tokens_distance": (round(start, 6), round(best, 6))}
 
 
 def lora_scale(config: Mapping[str, Any]) -> float:
@@ -387,7 +438,7 @@ def merged(model: nn.Module, adapter: Mapping[str, torch.Tensor], scale: float) 
 
 def run_dager(model: nn.Module, spec: TextModelSpec, tensors: dict[str, torch.Tensor], *, head: torch.Tensor | None,
               head_scale: float, stored_adapter: tuple[Mapping[str, Any], dict[str, torch.Tensor]] | None,
-              missing_global: str, min_gap: float, span_gap: float = 10.0,
+              missing_global: str, min_gap: float, span_gap: float = 10.0, padding_side: str = "right",
               progress: Callable[[str], None] | None = None) -> Sentences:
     """The whole attack on one capture (module docstring). ``stored_adapter``: the global adapter's config and
     tensors (a LoRA update: its A tests a fresh adapter's lora_B, and the second-block inputs are computed with it
@@ -421,6 +472,13 @@ def run_dager(model: nn.Module, spec: TextModelSpec, tensors: dict[str, torch.Te
     diag3: dict[str, Any] = {}
     if spec.task == "causal_lm" and head is not None:
         last, diag3 = last_tokens(model, spec, head, head_scale, seqs, tied=spec.tie_word_embeddings)
+        if spec.tie_word_embeddings and spec.kind == "gradient" and "last_token_candidates" in diag3:
+            picks, checked = refine_last_tokens(
+                model, head, seqs, [int(t) for t in last if t is not None], diag3.pop("last_token_candidates"),
+                diag3["last_token_scores"], spec.pad_token_id or 0, padding_side == "left")
+            last = list(picks)
+            diag3.update(checked)
+        diag3.pop("last_token_candidates", None)
     out = [s + ([t] if t is not None else []) for s, t in zip(seqs, last, strict=True)]
     return Sentences(sequences=out, exact=exact, last_from_head=[t is not None for t in last], warnings=warnings,
                      diagnostics={"layer1": g1.paths, "layer2": g2.paths, "span1": g1.test.diagnostics,
