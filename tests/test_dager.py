@@ -127,6 +127,7 @@ def test_gleak_reconstruct_on_a_text_capture(tmp_path: Path) -> None:
         assert done.exit_code == 2 and words in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
 
+@pytest.mark.extended
 @pytest.mark.usefixtures("one_thread")
 def test_a_model_that_knows_the_domain_still_gives_exact_sequences() -> None:
     """A tiny GPT-2 trained on the synthetic notes (tied head): the head solve for the last tokens shares its rows

@@ -227,6 +227,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+@pytest.mark.extended
 @pytest.mark.usefixtures("one_thread")
 def test_model_that_knows_the_domain() -> None:
     """A tiny GPT-2 trained on a repetitive corpus: its confident predictions make absent rows large; the plain
@@ -258,6 +259,7 @@ def test_model_that_knows_the_domain() -> None:
     assert all(p["precision"] < 0.5 for p in plain), plain  # measured 0.24-0.25
 
 
+@pytest.mark.extended
 @pytest.mark.usefixtures("one_thread")
 def test_model_trained_on_notes() -> None:
     """A tiny GPT-2 (d = 128, BPE vocabulary of 1000) trained for 40 steps on the synthetic notes

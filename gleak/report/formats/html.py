@@ -46,6 +46,9 @@ SCORE_KEYS = ("iacc", "cacc", "exact", "identification", "psnr", "ssim", "lpips"
 SCORE_LABELS = {"iacc": "iAcc", "cacc": "cAcc", "exact": "exact", "identification": "identified",
                 "identification_chance": "chance", "psnr": "PSNR", "ssim": "SSIM", "lpips": "LPIPS"}
 IMAGE_SCORE_KEYS = ("identification", "psnr", "ssim", "lpips")
+# a language model's capture: the sentence reconstruction's scores shown, in order (never the text)
+SENTENCE_SCORE_KEYS = ("rouge1", "rouge2", "rougeL", "exact_match", "exact_up_to_last", "token_accuracy",
+                       "chance_rouge1")
 # a language model's capture: the token attacks' scores shown, in order (never the tokens' text)
 TOKEN_SCORE_KEYS = ("precision", "recall", "f1", "count_accuracy", "chance_recall", "sensitive_recall")
 
@@ -255,6 +258,19 @@ def _token_rows(capture: CaptureReport) -> list[dict[str, Any]]:
     return rows
 
 
+def _sentence_row(capture: CaptureReport) -> dict[str, Any] | None:
+    """A language model's capture: the sentence reconstruction — how many sequences, how many exact, its scores
+    against the truth (or expected from twins); counts and scores only."""
+    entry = capture.sentences
+    if entry is None:
+        return None
+    scores = entry.scores or entry.expected or {}
+    return {"attack": entry.attack, "status": entry.status, "found": str(entry.sequences), "exact": str(entry.exact),
+            "against": "truth" if entry.scores else ("expected (twins)" if entry.expected else ""),
+            "scores": [format_number(scores.get(k)) if k in scores else "" for k in SENTENCE_SCORE_KEYS],
+            "seconds": f"{entry.seconds:.2f}", "reason": entry.reason or ""}
+
+
 def _defense_text(record: dict[str, Any]) -> str:
     """'clip (norm=4.0)' — one recorded defense, its options set."""
     options = ", ".join(f"{k}={v}" for k, v in record.items() if k not in ("name", "seed") and v is not None)
@@ -298,6 +314,8 @@ def _capture_context(index: int, capture: CaptureReport, out_dir: Path | None) -
         "skipped": capture.skipped,
         "tokens": _token_rows(capture),
         "token_score_keys": TOKEN_SCORE_KEYS,
+        "sentences": _sentence_row(capture),
+        "sentence_score_keys": SENTENCE_SCORE_KEYS,
     }
 
 

@@ -162,14 +162,29 @@ def _token_row(name: str, capture: CaptureReport) -> str:
     """A language model's capture: the best token attack by recall (over distinct tokens), its margin over chance;
     token ids and numbers only, never decoded text."""
     best = capture.best_tokens()
+    text = md_escape(_sentences(capture))
     if best is None:
         ran = any(t.status == "ok" for t in capture.tokens or [])
         why = "no truth" if ran and capture.truth is None else "no token attack scored"
-        return f"| {name} | ok | tokens: {why} | — | — | — (text) |"
+        return f"| {name} | ok | tokens: {why} | — | — | {text} |"
     scores = best.scores or {}
     recall = scores["recall"]
     margin = recall - scores.get("chance_recall", 0.0)
-    return f"| {name} | ok | {md_escape(best.attack)} (token recall) | {_num(recall)} | {margin:+.3f} | — (text) |"
+    return f"| {name} | ok | {md_escape(best.attack)} (token recall) | {_num(recall)} | {margin:+.3f} | {text} |"
+
+
+def _sentences(capture: CaptureReport) -> str:
+    """The images column of a language model's capture: its sentence reconstruction in a few words."""
+    entry = capture.sentences
+    if entry is None:
+        return "— (text)"
+    if entry.status != "ok":
+        return f"{entry.attack}: {entry.status}"
+    sc = entry.scores or entry.expected
+    if not sc:
+        return f"{entry.attack}: {entry.sequences} sequences (not scored)"
+    what = "ROUGE-1" if entry.scores else "expected ROUGE-1"
+    return f"{entry.attack}: {what} {_num(float(sc.get('rouge1') or 0.0))}, {entry.exact}/{entry.sequences} exact"
 
 
 def render(report: Report, out_dir: Path | None = None) -> str:
