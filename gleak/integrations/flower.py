@@ -64,6 +64,7 @@ from gleak.integrations.recorder import (
     MODELS_DIR,
     CaptureRecorder,
     ClientRecord,
+    LockedPickle,
     defense_entry,
     local_steps_from_epochs,
 )
@@ -386,7 +387,7 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int | str) and not isinstance(value, bool) and str(value).isdigit() else None
 
 
-class LoraApp:
+class LoraApp(LockedPickle):
     """A FlowerTune-style app: its clients fine-tune a LoRA adapter (peft) on a frozen causal language model and
     send only the adapter's arrays, named as peft's ``get_peft_model_state_dict`` names them
     (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``). Give it to :class:`GleakCaptureMod` and
@@ -437,15 +438,6 @@ class LoraApp:
         self.max_length, self.trust_remote_code = max_length, trust_remote_code
         self._given_sha256 = base_sha256
         self._info: BaseModelInfo | None = None
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:  # shipped to simulation workers with the mod: no lock
-        state = dict(self.__dict__)
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
         self._lock = threading.Lock()
 
     def adapter_config(self, arrays: Mapping[str, torch.Tensor]) -> dict[str, Any]:

@@ -105,7 +105,23 @@ def _safe(text: str, limit: int = 80) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit] or "_"
 
 
-class CaptureRecorder:
+class LockedPickle:
+    """Pickles without its ``_lock`` and makes a fresh one when unpickled: frameworks ship mods, filters and their
+    helpers to worker processes, and a lock cannot travel."""
+
+    _lock: threading.Lock
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+class CaptureRecorder(LockedPickle):
     """Turns (global state, local state, record) into capture files under ``root``; see the module docs.
 
     ``arch`` / ``arch_kwargs`` (a zoo name or ``package.module:factory``, as ``--arch``) go into the saved
@@ -136,14 +152,6 @@ class CaptureRecorder:
         self._lock = threading.Lock()
         self._saved_globals: set[str] = set()
 
-    def __getstate__(self) -> dict[str, Any]:  # frameworks ship mods and filters to worker processes
-        state = dict(self.__dict__)
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------ paths
     def capture_path(self, record: ClientRecord) -> Path:

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gleak.attacks.tokens.adapters import LORA_NAME, LoraFactors, lora_factors
-from gleak.attacks.tokens.inputs import MAX_POSITIONS, input_kind, module_inputs, token_inputs
+from gleak.attacks.tokens.adapters import LORA_NAME, lora_factors
+from gleak.attacks.tokens.inputs import MAX_POSITIONS, first_tokenwise, input_kind, module_inputs, token_inputs
 from gleak.attacks.tokens.span import gap_threshold
 from gleak.attacks.tokens.spantest import SpanTest, lora_span, weight_span
 from gleak.attacks.tokens.view import TextModelSpec, is_lora_only
@@ -91,27 +91,15 @@ def _weight_groups(model: nn.Module, tensors: dict[str, torch.Tensor], min_gap: 
     """Full fine-tuning: the first block's token-wise projections and the same projections one block later."""
     modules = dict(model.named_modules())
     vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
-    first: list[tuple[str, nn.Module, torch.Tensor]] = []
-    positional = False
-    probe_ids = torch.arange(min(vocab, 5)).unsqueeze(0)
-    probe: torch.Tensor | None = None
+    grads: dict[str, torch.Tensor] = {}
     for path, layer in modules.items():
         grad = tensors.get(f"{path}.weight")
         g = linear_gradient(layer, grad) if grad is not None and grad.dim() == 2 else None
-        if g is None:
-            continue
-        if first:  # later modules of the same group read the same input
-            if path.rsplit(".", 1)[0] != first[0][0].rsplit(".", 1)[0]:
-                continue
-            seen = module_inputs(model, layer, probe_ids)
-            if probe is not None and seen.shape == probe.shape and torch.allclose(seen, probe):
-                first.append((path, layer, g))
-            continue
-        kind = input_kind(model, layer, vocab)
-        if kind.tokenwise:
-            first.append((path, layer, g))
-            positional = kind.positional
-            probe = module_inputs(model, layer, probe_ids)
+        if g is not None:
+            grads[path] = g
+    group = first_tokenwise(model, [(p, modules[p]) for p in grads], vocab)
+    positional = group is not None and group[0].positional
+    first = [(p, modules[p], grads[p]) for p in (group[1] if group else [])]
     if not first:
         raise GleakError("no first-block projection with a gradient reads token-wise inputs (the capture must hold "
                          "the first attention block's weights: c_attn, or q/k/v_proj)")
@@ -159,17 +147,9 @@ def _lora_groups(model: nn.Module, tensors: dict[str, torch.Tensor], stored: dic
     """A LoRA update: the first block's adapted token-wise projections and the same ones a block later."""
     factors = {f.module: f for f in lora_factors(tensors, model)}
     vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
-    first: list[LoraFactors] = []
-    positional = False
-    for f in factors.values():
-        if first:
-            if f.module.rsplit(".", 1)[0] == first[0].module.rsplit(".", 1)[0]:
-                first.append(f)
-            continue
-        kind = input_kind(model, f.layer, vocab)
-        if kind.tokenwise:
-            first.append(f)
-            positional = kind.positional
+    group = first_tokenwise(model, [(f.module, f.layer) for f in factors.values()], vocab)
+    positional = group is not None and group[0].positional
+    first = [factors[p] for p in (group[1] if group else [])]
     if not first:
         raise GleakError("no adapted module of the first block reads token-wise inputs (LoRA on q/k/v_proj or "
                          "c_attn): DAGER cannot test tokens against deeper adapters alone")
@@ -337,7 +317,6 @@ def last_tokens(model: nn.Module, spec: TextModelSpec, head_grad: torch.Tensor, 
     step = max(1, (64 << 20) // (8 * d))
     all_h = torch.cat(hs)  # [M, d]
     all_p = torch.cat(ps)  # [M, V]
-    known_rows = [j for s, h in zip(prefixes, hs, strict=True) for j in range(len(s) - 1)]
     offsets = []
     start = 0
     for s in prefixes:
@@ -346,7 +325,6 @@ def last_tokens(model: nn.Module, spec: TextModelSpec, head_grad: torch.Tensor, 
     targets = torch.tensor([t for s in known for t in s], dtype=torch.long)
     known_index = torch.tensor([offsets[k] + j for k, s in enumerate(prefixes) for j in range(len(s) - 1)],
                                dtype=torch.long)
-    del known_rows
     for first in range(0, vocab, step):
         rows = slice(first, min(first + step, vocab))
         r = all_p[:, rows].T @ all_h - m * scale * head_grad[rows].double()

@@ -12,7 +12,7 @@ Shared by ``lora-tokens`` and the sentence reconstruction (DAGER's candidates; M
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,3 +95,26 @@ def token_inputs(model: nn.Module, layer: nn.Module, vocab_size: int, position: 
         ids = torch.arange(first, min(first + CHUNK_TOKENS, vocab_size)).unsqueeze(1)
         rows.append(module_inputs(model, layer, ids, torch.full_like(ids, position))[:, 0])
     return torch.cat(rows)
+
+
+def first_tokenwise(model: nn.Module, layers: Sequence[tuple[str, nn.Module]], vocab_size: int
+                    ) -> tuple[InputKind, list[str]] | None:
+    """The first modules, in model order, whose input is token-wise (:func:`input_kind`), grouped with the modules
+    of the same parent that read the very same input (q, k and v of one block); their names and input kind, or
+    None when no module reads token-wise inputs."""
+    probe_ids = torch.arange(min(vocab_size, 5)).unsqueeze(0)
+    found: list[str] = []
+    kind: InputKind | None = None
+    probe: torch.Tensor | None = None
+    for name, layer in layers:
+        if kind is None:
+            kind = input_kind(model, layer, vocab_size)
+            if not kind.tokenwise:
+                kind = None
+                continue
+            found, probe = [name], module_inputs(model, layer, probe_ids)
+        elif name.rsplit(".", 1)[0] == found[0].rsplit(".", 1)[0]:
+            seen = module_inputs(model, layer, probe_ids)
+            if probe is not None and seen.shape == probe.shape and torch.allclose(seen, probe):
+                found.append(name)
+    return (kind, found) if kind is not None else None

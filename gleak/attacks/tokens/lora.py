@@ -26,22 +26,14 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from torch import nn
 
 from gleak.attacks.base import NO_INPUTS, Attack, RunInputs, TokenOutput
 from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
-from gleak.attacks.tokens.adapters import LoraFactors, lora_factors
-from gleak.attacks.tokens.inputs import (
-    CHUNK_TOKENS,
-    MAX_POSITIONS,
-    InputKind,
-    candidate_residuals,
-    input_kind,
-    module_inputs,
-)
+from gleak.attacks.tokens.adapters import lora_factors
+from gleak.attacks.tokens.inputs import CHUNK_TOKENS, MAX_POSITIONS, candidate_residuals, first_tokenwise
 from gleak.attacks.tokens.span import gap_threshold
 from gleak.attacks.tokens.spantest import finite, lora_span
 from gleak.attacks.tokens.view import is_lora_only
@@ -111,12 +103,13 @@ class LoraTokens(Attack):
             raise GleakError("needs a language model's capture and its base model")
         factors = lora_factors(ctx.capture.tensors, model)
         vocab = spec.vocab_size
-        groups = _first_block_groups(model, factors, vocab)
-        if not groups:
+        group = first_tokenwise(model, [(f.module, f.layer) for f in factors], vocab)
+        if group is None:
             raise GleakError("no adapted module reads token-wise inputs (LoRA on the first block's attention "
                              "projections: q/k/v, or c_attn); deeper adapters' inputs mix the batch, so the tokens "
                              "cannot be tested one by one")
-        kind, members = groups[0]
+        kind, paths = group
+        members = [f for f in factors if f.module in paths]
         positions = 1
         if kind.positional:
             positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS)
@@ -151,23 +144,3 @@ class LoraTokens(Attack):
                            scores=-torch.log10(dist.amin(0).clamp_min(1e-300)),
                            diagnostics={"method": "lora-span", **diagnostics, "threshold": tau,
                                         "gap_ratio": finite(ratio)})
-
-
-def _first_block_groups(model: nn.Module, factors: list[LoraFactors],
-                        vocab: int) -> list[tuple[InputKind, list[LoraFactors]]]:
-    """Adapted modules whose inputs are token-wise, grouped by identical inputs (q, k and v of one block read the
-    same vector), in model order."""
-    ids = torch.arange(min(vocab, 7)).unsqueeze(0)
-    groups: list[tuple[InputKind, torch.Tensor, list[LoraFactors]]] = []
-    for f in factors:
-        kind = input_kind(model, f.layer, vocab)
-        if not kind.tokenwise:
-            continue
-        probe = module_inputs(model, f.layer, ids)
-        for _, seen, members in groups:
-            if seen.shape == probe.shape and torch.allclose(seen, probe):
-                members.append(f)
-                break
-        else:
-            groups.append((kind, probe, [f]))
-    return [(kind, members) for kind, _, members in groups]
