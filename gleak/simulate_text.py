@@ -9,6 +9,7 @@ the same length T (the truth holds exactly what the model saw). The model runs i
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,7 +29,7 @@ from gleak.capture import (
 from gleak.defenses import apply_defenses
 from gleak.errors import GleakError
 from gleak.io import tensors_sha256
-from gleak.models.peft import LoraAdapter, LoraSpec, adapter_state, wrap_lora
+from gleak.models.peft import LoraAdapter, LoraSpec, adapter_state, load_adapter_state, wrap_lora
 from gleak.simulate import ClientConfig, _optimizer
 from gleak.text_data import TextData, tokenize
 
@@ -97,20 +98,23 @@ def simulate_text_client(model: nn.Module, tokenizer: Any, data: TextData, confi
 
 
 def simulate_lora_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig,
-                         options: TextClientOptions, lora: LoraSpec, device: torch.device | str = "cpu"
-                         ) -> tuple[Capture, TextTruth, LoraAdapter]:
-    """The text client fine-tuning a fresh LoRA adapter on a causal LM (``model`` left unchanged; the adapter's
-    init drawn from ``config.seed``): only the adapter trains. Returns the capture of the adapter's gradient or
-    update (docs/capture-format.md, "LoRA captures"), its truth, and the global adapter it started from."""
+                         options: TextClientOptions, lora: LoraSpec, device: torch.device | str = "cpu",
+                         start: Mapping[str, torch.Tensor] | None = None) -> tuple[Capture, TextTruth, LoraAdapter]:
+    """The text client fine-tuning a LoRA adapter on a causal LM (``model`` left unchanged): a fresh one drawn from
+    ``config.seed``, or the global adapter ``start`` (peft's saved names) when given; only the adapter trains.
+    Returns the capture of the adapter's gradient or update (docs/capture-format.md, "LoRA captures"), its truth,
+    and the global adapter it started from."""
     if options.task != "causal_lm":
         raise GleakError("--peft supports causal language models (*ForCausalLM, *LMHeadModel) for now")
-    capture, truth, adapter = _text_client(model, tokenizer, data, config, options, lora, torch.device(device))
+    capture, truth, adapter = _text_client(model, tokenizer, data, config, options, lora, torch.device(device),
+                                           start)
     assert adapter is not None
     return capture, truth, adapter
 
 
 def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig, options: TextClientOptions,
-                 lora: LoraSpec | None, device: torch.device) -> tuple[Capture, TextTruth, LoraAdapter | None]:
+                 lora: LoraSpec | None, device: torch.device, start: Mapping[str, torch.Tensor] | None = None
+                 ) -> tuple[Capture, TextTruth, LoraAdapter | None]:
     """The one text client behind :func:`simulate_text_client` and :func:`simulate_lora_client`."""
     refuse_image_options(config)
     if config.batch_size > len(data):
@@ -133,6 +137,8 @@ def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: Clien
     base_sha256 = tensors_sha256(global_model.state_dict()) if lora is not None else ""
     if lora is not None:  # peft changes the copy in place: the base model's hash is taken first
         global_model = wrap_lora(global_model, lora, seed=config.seed)
+        if start is not None:
+            load_adapter_state(global_model, start)
     adapter = LoraAdapter.of(global_model) if lora is not None else None
     torch.manual_seed(config.seed)  # dropout, when the client trains in train mode
     b = config.batch_size

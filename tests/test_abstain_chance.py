@@ -45,6 +45,7 @@ def abstaining(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ------------------------------------------------------------------------------------ abstaining is an answer
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_labels_abstention_exits_0_with_the_reason_in_the_json(gleak, abstaining: Path, tmp_path: Path) -> None:
     out = tmp_path / "labels.json"
     r = gleak("labels", abstaining, "-M", TRAINED, "--aux", MNIST_AUX, "-a", "calibrated",
@@ -87,6 +88,7 @@ def test_no_counts_reason_counts_an_abstention_as_an_answer() -> None:
     assert no_counts_reason(report("not_applicable")) == "no label attack applies to this capture"
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_the_audit_reports_an_abstention_as_an_info_finding(gleak, abstaining: Path, tmp_path: Path) -> None:
     cap = tmp_path / "caps" / abstaining.name
     cap.parent.mkdir()

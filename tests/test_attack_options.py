@@ -26,7 +26,7 @@ OLD_DEFAULTS = {
     "next-tokens": {"exclude": None, "min_gap": 10.0},
     "seq-length": {"relative": 1e-6},
     "lora-tokens": {"min_gap": 100.0},
-    "dager": {"min_gap": 100.0, "span_gap": 10.0},
+    "dager": {"min_gap": 100.0, "span_gap": 10.0, "max_combinations": 20_000},
     "tag": {"iterations": 500, "lr": 0.1, "restarts": 1, "tag_factor": 0.01, "distance": "l1l2",
             "bag_restricted": True, "lengths": "max", "temperature": 0.1},
     "calibrated": {"simulations": 24, "stack": True},

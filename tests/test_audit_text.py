@@ -131,3 +131,35 @@ def test_whole_sequences_give_gleak_text_and_twins_give_the_expected_leak(tmp_pa
     assert expected["twins"] >= 2 and expected["rouge1"] > expected["chance_rouge1"] + 0.5, expected
     rules = {f["rule"]: f["severity"] for f in report["findings"]}
     assert rules.get("GLEAK-TEXT-EXPECTED") in ("high", "medium") and "GLEAK-TEXT" not in rules, rules
+
+
+def test_a_lora_capture_without_truth_gets_the_expected_leak_from_twins_of_its_adapter(tmp_path: Path) -> None:
+    """Twins of a LoRA capture train the same adapter from the global one beside the capture: GLEAK-TEXT-EXPECTED
+    (every sequence up to its last token: the head is frozen); without that adapter, one notice says what is
+    missing."""
+    pytest.importorskip("peft")
+    notes, llama, _ = build_notes_and_models(tmp_path, layers=2)  # LoRA's prefix test reads the second block
+    capture = tmp_path / "caps" / "c.safetensors"
+    code, _, err = gleak("simulate", "--model", llama, "--data", notes, "-b", 2, "--max-length", 12, "--seed", 9,
+                         "--peft", "lora:r=32,target=q_proj+k_proj+v_proj", "-o", capture)
+    assert code == 0, err
+    blind = tmp_path / "blind"
+    blind.mkdir()
+    shutil.copy(capture, blind / "c.safetensors")
+    shutil.copytree(capture.with_name("c.adapter"), blind / "c.adapter")
+    code, _, err = gleak("audit", blind / "c.safetensors", "--model", llama, "--aux", notes, "--format", "json",
+                         "-o", tmp_path / "b", "--fail-on", "none")
+    assert code == 0, err
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    expected = report["captures"][0]["sentences"]["expected"]
+    assert expected["exact_up_to_last"] == 1.0 and expected["rouge1"] > expected["chance_rouge1"] + 0.5, \
+        json.dumps({k: report["captures"][0].get(k) for k in ("sentences", "skipped")})
+    rules = {f["rule"]: f["severity"] for f in report["findings"]}
+    assert rules.get("GLEAK-TEXT-EXPECTED") == "high", rules
+    shutil.rmtree(blind / "c.adapter")
+    code, _, err = gleak("audit", blind / "c.safetensors", "--model", llama, "--aux", notes, "--format", "json",
+                         "-o", tmp_path / "c", "--fail-on", "none")
+    assert code == 0, err
+    report = json.loads((tmp_path / "c" / "report.json").read_text())
+    notices = {n["code"]: n["message"] for n in report["notices"]}
+    assert "NAME.adapter" in notices.get("TEXT_EXPECTED_SKIPPED", ""), notices

@@ -27,6 +27,7 @@ def test_conformal_half_width_is_the_split_conformal_quantile() -> None:
     assert conformal_half_width([0] * 50 + [3] * 2, 0.9) == 0
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_intervals_cover_the_truth_on_real_batches_of_a_trained_model() -> None:
     """The 82 % LeNet-5, B = 32: calibrated on batches simulated from the aux digits (MNIST validation split),
     checked on 12 batches of the client digits (MNIST test split), half uniform, half Dirichlet(0.5)."""
@@ -89,6 +90,7 @@ def test_the_calibrated_selector_picks_an_informative_attack_and_recovers_the_la
     assert diag["worst_margin_over_chance"] > 0.2  # beats chance on uniform and on skewed batches
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_the_calibrated_selector_abstains_where_no_attack_beats_chance() -> None:
     """The 98.7 % LeNet-5, m = 5 SGD steps of B = 32 with uniform labels: chance iAcc is about 0.87 and rlu (the only
     attack for multi-step updates) scores about 0.40 (bench/labels.py --suite trained). No guess is returned: the

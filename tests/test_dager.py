@@ -142,3 +142,21 @@ def test_a_model_that_knows_the_domain_still_gives_exact_sequences() -> None:
     ids, mask = encode(tok, make_notes(7)[:3], 12)
     found = attack(model, gradient(model, ids, mask), ids)
     assert sorted(found.sequences) == sorted(real(ids, mask)), found.diagnostics
+
+
+def test_a_float32_update_lost_in_rounding_says_so() -> None:
+    """FedAvg in float32: θ_E − θ_0 carries the weights' rounding. GPT-2-style at η = 1e-4: the singular values run
+    into that floor without a clear drop, and the refusal names the rounding (not a full batch); LLaMA-style: the
+    prefix test passes more than 8·B prefixes at every step, and the search stops there instead of running on."""
+    from .token_models import fedavg_update
+
+    ids, mask = token_batch(8, 1000, (8, 16), seed=8)
+    for family, words in (("gpt2", "rounding floor"), ("llama", "does not separate prefixes")):
+        model = (gpt2 if family == "gpt2" else llama)(d=128, vocab=1000)
+        update = fedavg_update(model, ids, mask, steps=3, lr=1e-4)
+        spec = spec_of(model, "update", 3, 1e-4, batch_size=8, max_length=int(ids.shape[1]))
+        view = token_view(update, spec)
+        with pytest.raises(GleakError) as err:
+            run_dager(model, spec, update, head=view.head if view.head is not None else view.embedding,
+                      head_scale=view.scale, stored_adapter=None, missing_global="none", min_gap=100.0)
+        assert words in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -248,6 +248,7 @@ def _lenet() -> nn.Module:
     return load_model(LENET).module
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_the_audit_simulates_a_recorded_defense_when_it_calibrates(gleak, tmp_path: Path) -> None:
     """Without truth, the calibrated expectation is measured on batches simulated with the capture's recorded
     defenses (gleak.defense rebuilt from the registry): strong noise brings the expected iAcc down to chance."""

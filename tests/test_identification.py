@@ -170,6 +170,7 @@ def head_capture():
     return model, capture, truth
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_a_bn_cnn_leak_gets_an_image_finding_and_its_noise_control_none(head_capture, aux, tmp_path: Path) -> None:
     model, capture, truth = head_capture
     control = copy.deepcopy(capture)
@@ -188,6 +189,7 @@ def test_a_bn_cnn_leak_gets_an_image_finding_and_its_noise_control_none(head_cap
     assert severities["leak"] in ("medium", "high", "critical") and severities["control"] is None, severities
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_without_truth_the_audit_expects_image_leakage_from_twin_batches(head_capture, aux) -> None:
     model, capture, _ = head_capture
     config = AuditConfig(budget="standard", lpips="off", confidence=0, options={"ig": {"iterations": "200"}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
 import torch
 
 from gleak.attacks import build_context, run_attack
@@ -49,6 +50,7 @@ def test_out_of_fold_predictions_never_see_their_own_batch() -> None:
     assert any(not torch.equal(before[i], after[i]) for i in range(12) if i % 6 != 5)
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_stacked_counts_match_the_best_attack_on_real_batches_of_a_trained_model() -> None:
     """The shipped 82 % LeNet-5, FedSGD gradients of B = 32 Dirichlet(0.5) client digits (MNIST test split): the
     combination, fitted on contributions simulated from the aux digits (validation split), is as good as the best

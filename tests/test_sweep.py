@@ -120,6 +120,7 @@ def test_plots_and_markdown_with_accessible_names(swept: Path) -> None:
     assert svg_document(report, "gaussian") == svg  # deterministic: the same report draws the same SVG
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_dpsgd_and_sign_and_the_same_seed_gives_the_same_rows(tmp_path: Path) -> None:
     args = (*BASE, "--defense", "dpsgd=0.5,4", "--defense", "sign", "-a", "llg", "-a", "rlu", "--seed", "5", "-q")
     assert run(*args, "-o", tmp_path / "a")[0] == 0
@@ -169,6 +170,7 @@ def test_dpsgd_swept_over_a_target_epsilon_has_an_epsilon_axis(tmp_path: Path) -
     assert "ε of dpsgd: at δ = 1e-5 (RDP; q = " in stdout
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_jobs_run_trials_in_workers_with_the_same_rows(tmp_path: Path) -> None:
     args = ("sweep", "-M", LENET, "-d", MNIST_CLIENT, "--trials", "2", "--defense", "clip=0.01,1", "-a", "ilrg",
             "-q")
@@ -350,6 +352,7 @@ def accuracies_of(folder: Path) -> dict[tuple[str, object], float]:
     return {(r["defense"], r["strength"]): r["utility"]["accuracy"] for r in rows_of(folder)}
 
 
+@pytest.mark.extended  # seconds of end-to-end work: make test runs it
 def test_utility_accuracy_trains_under_each_defense_paired_and_seeded(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     code, _, err = run(*ACCURACY, "-o", tmp_path / "a")

@@ -15,9 +15,9 @@ WORDS = ["the", "patient", "was", "seen", "on", "reports", "pain", "in", "chest"
          "rest", "fluids", "called", "nurse", "clinic", "visit"]
 
 
-def build_notes_and_models(folder: Path) -> tuple[Path, Path, Path]:
-    """Write ``notes.txt`` (120 synthetic notes) and the ``llama`` and ``gpt2`` model folders under ``folder``;
-    (notes, llama folder, gpt2 folder)."""
+def build_notes_and_models(folder: Path, layers: int = 1) -> tuple[Path, Path, Path]:
+    """Write ``notes.txt`` (120 synthetic notes) and the ``llama`` and ``gpt2`` model folders (``layers`` blocks)
+    under ``folder``; (notes, llama folder, gpt2 folder)."""
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -38,13 +38,13 @@ def build_notes_and_models(folder: Path) -> tuple[Path, Path, Path]:
         fast.save_pretrained(model_dir)
         torch.manual_seed(0)
         if kind == "llama":
-            config = transformers.LlamaConfig(num_hidden_layers=1, hidden_size=64, intermediate_size=128,
+            config = transformers.LlamaConfig(num_hidden_layers=layers, hidden_size=64, intermediate_size=128,
                                               num_attention_heads=2, num_key_value_heads=2, vocab_size=len(fast),
                                               max_position_embeddings=64, pad_token_id=1, bos_token_id=2,
                                               eos_token_id=3, tie_word_embeddings=False)
             transformers.LlamaForCausalLM(config).save_pretrained(model_dir)
         else:
-            config = transformers.GPT2Config(n_layer=1, n_embd=128, n_head=2, vocab_size=len(fast), n_positions=64,
+            config = transformers.GPT2Config(n_layer=layers, n_embd=128, n_head=2, vocab_size=len(fast), n_positions=64,
                                              bos_token_id=2, eos_token_id=3, pad_token_id=1)
             transformers.GPT2LMHeadModel(config).save_pretrained(model_dir)
         out.append(model_dir)

@@ -166,6 +166,29 @@ def wrap_lora(model: nn.Module, spec: LoraSpec, *, seed: int) -> Any:
             raise GleakError(f"--peft: peft cannot put this LoRA on the model: {_why(exc)}") from None
 
 
+def spec_of_config(config: Mapping[str, Any]) -> LoraSpec:
+    """The :class:`LoraSpec` that rebuilds an adapter of ``config`` (its ``adapter_config.json``) with
+    :func:`wrap_lora`; one line for what that cannot rebuild (target modules as a regex, rsLoRA)."""
+    r, alpha, targets = lora_settings(config)
+    if isinstance(config.get("target_modules"), str):
+        raise GleakError("the adapter names its target modules by a regex; gleak rebuilds adapters from module names")
+    if config.get("use_rslora"):
+        raise GleakError("the adapter uses rsLoRA scaling; gleak rebuilds plain LoRA adapters")
+    dropout = config.get("lora_dropout", 0.0)
+    return LoraSpec(r=r, alpha=alpha, target_modules=tuple(targets),
+                    dropout=float(dropout) if isinstance(dropout, int | float) else 0.0)
+
+
+def load_adapter_state(peft_model: Any, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Set a peft model's active adapter to ``tensors`` (peft's saved names, e.g. a global adapter read with
+    :func:`load_adapter`); one line unless every adapter tensor is given with its shape."""
+    own = adapter_state(peft_model)
+    if set(own) != set(tensors) or any(tuple(own[n].shape) != tuple(tensors[n].shape) for n in own):
+        raise GleakError("the global adapter does not fit the adapter the capture's settings build (other modules, "
+                         "rank or shapes)")
+    _peft().set_peft_model_state_dict(peft_model, {n: t.detach().clone() for n, t in tensors.items()})
+
+
 def adapter_state(peft_model: Any) -> dict[str, torch.Tensor]:
     """The adapter's tensors as peft saves them (``get_peft_model_state_dict``), detached copies on the CPU."""
     state = _peft().get_peft_model_state_dict(peft_model)

@@ -12,7 +12,9 @@ from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.text.base import SentenceAttack
-from gleak.attacks.text.dager import CHUNK_CANDIDATES, run_dager
+from gleak.attacks.text.dager import run_dager
+from gleak.attacks.text.encoder import MAX_COMBINATIONS
+from gleak.attacks.text.prefix import CHUNK_TOKENS
 from gleak.attacks.tokens.lora import DAGER, load_global_adapter
 from gleak.attacks.tokens.view import is_lora_only, token_view
 from gleak.errors import GleakError
@@ -25,6 +27,8 @@ class DagerOptions(AttackOptions):
                            "(first block) or the first block's threshold (prefix steps)")
     span_gap: float = Field(10.0, gt=1, description="the smallest drop (ratio) of a gradient's singular values "
                             "accepted as its rank; a module without one is set aside as saturated or noisy")
+    max_combinations: int = Field(MAX_COMBINATIONS, ge=1, description="encoders (BERT): sequences of one length "
+                                  "scored exhaustively; beyond it, a coordinate search from B starts")
 
 
 @register
@@ -40,15 +44,16 @@ class Dager(SentenceAttack):
     Options = DagerOptions
     options: DagerOptions
 
-    not_causal = "DAGER's prefix test needs a decoder trained on next-token loss (this capture is a classifier's)"
+    reads_classifiers = True
 
     def memory_bytes(self, ctx: Context) -> int:
-        """A [positions, V] float64 residual table, a chunk of candidate inputs, and the head solve's chunks."""
+        """A [positions, V] float64 residual table, a chunk of candidate inputs with their first block's keys and
+        values, and the head solve's chunks."""
         spec = ctx.text_model
         if spec is None:
             return 0
         positions = spec.max_length or 1
-        return 8 * positions * spec.vocab_size + 4 * CHUNK_CANDIDATES * spec.hidden_size * 4 + (128 << 20)
+        return 8 * positions * spec.vocab_size + 4 * CHUNK_TOKENS * spec.hidden_size * 6 + (128 << 20)
 
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> TextOutput:
         spec, model = ctx.text_model, ctx.model
@@ -67,7 +72,7 @@ class Dager(SentenceAttack):
         found = run_dager(model, spec, dict(tensors), head=head, head_scale=scale,
                           stored_adapter=load_global_adapter(ctx.capture.path) if is_lora_only(tensors) else None,
                           missing_global=missing, min_gap=self.options.min_gap,
-                          span_gap=self.options.span_gap,
+                          span_gap=self.options.span_gap, max_combinations=self.options.max_combinations,
                           padding_side=str(ctx.capture.get("gleak.tokenizer.padding_side") or "right"),
                           progress=inputs.note)
         return TextOutput(sequences=found.sequences, exact=found.exact,

@@ -1,5 +1,5 @@
 """What every sentence-reconstruction attack shares: the task, and the checks that it can run at all (a model to
-recompute inputs with, a decoder trained on next-token loss)."""
+recompute inputs with, a decoder trained on next-token loss unless the attack reads classifiers too)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class SentenceAttack(Attack):
     task = "text"
     requires: ClassVar[Requirements] = Requirements(needs_text=True, gradient_view=False, needs_batch_size=False)
     not_causal: ClassVar[str] = "needs a decoder trained on next-token loss (this capture is a classifier's)"
+    reads_classifiers: ClassVar[bool] = False  # also reads sequence classifiers' captures
 
     def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
         reason = super().not_applicable(ctx, inputs)
@@ -24,7 +25,7 @@ class SentenceAttack(Attack):
         if ctx.model is None:
             return "needs the model (--model DIR, the Hugging Face folder the capture was made with)"
         spec = ctx.text_model
-        if spec is not None and spec.task != "causal_lm":
+        if spec is not None and spec.task != "causal_lm" and not self.reads_classifiers:
             return self.not_causal
         return self.sentence_problem(ctx)
 

@@ -34,18 +34,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from gleak.attacks.text.encoder import MAX_COMBINATIONS, is_bidirectional, search
+from gleak.attacks.text.prefix import PrefixInputs
 from gleak.attacks.tokens.adapters import LORA_NAME, lora_factors
-from gleak.attacks.tokens.inputs import MAX_POSITIONS, first_tokenwise, input_kind, module_inputs, token_inputs
+from gleak.attacks.tokens.inputs import (
+    MAX_POSITIONS,
+    first_tokenwise,
+    input_kind,
+    module_inputs,
+    position_offset,
+    token_inputs,
+)
 from gleak.attacks.tokens.span import gap_threshold
-from gleak.attacks.tokens.spantest import SpanTest, lora_span, weight_span
+from gleak.attacks.tokens.spantest import SpanTest, lora_span, margin, weight_span
 from gleak.attacks.tokens.view import TextModelSpec, is_lora_only
 from gleak.capture import model_logits, token_loss
 from gleak.errors import GleakError
 
 CANDIDATES = 5  # runners-up per last token kept from the head solve
 UNSURE = 0.05  # a solved weight further than this from 1 is checked by recomputing the gradient (tied heads)
+CUT_STEPS = 3  # positions in a row with the frontier over its limit before the search gives up
 MAX_FRONTIER = 4096  # prefixes kept per step (the best by layer-2 residual) before the search is cut
-CHUNK_CANDIDATES = 1 << 15  # candidate tokens (sequences × length) per forward pass of the prefix test
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,8 +184,9 @@ def layer_one_sets(model: nn.Module, group: ModuleGroup, vocab: int, positions: 
     """T_p for each position p (one set for position-free inputs), ordered by residual; the threshold from the gap
     of all residuals, else the span's spectral threshold."""
     dist = torch.empty(positions, vocab, dtype=torch.float64)
+    offset = position_offset(model, group.layer, vocab) if positions > 1 else 0
     for p in range(positions):
-        dist[p] = group.test.residual(token_inputs(model, group.layer, vocab, p))
+        dist[p] = group.test.residual(token_inputs(model, group.layer, vocab, p, offset))
         if progress is not None and positions > 1:
             progress(f"layer 1: position {p + 1}/{positions}")
     tau, ratio = gap_threshold(dist.flatten())
@@ -210,12 +220,14 @@ def step_threshold(dist: torch.Tensor, cap: float, fallback: float, min_gap: flo
 
 
 def assemble(model: nn.Module, group: ModuleGroup, sets: list[list[int]], positional: bool, batch_size: int | None,
-             fallback: float, min_gap: float, progress: Callable[[str], None] | None = None
-             ) -> tuple[list[list[int]], list[float], dict[str, Any]]:
+             fallback: float, min_gap: float, progress: Callable[[str], None] | None = None,
+             max_length: int | None = None) -> tuple[list[list[int]], list[float], dict[str, Any]]:
     """Grow prefixes position by position (§3.5); returns the finished sequences, their mean layer-2 residual, and
     diagnostics. Each step's threshold sits in the gap of its candidates' residuals (:func:`step_threshold`), never
     above the span's spectral bound. At most 8·B prefixes are kept per step (a batch has at most B distinct
-    prefixes at a position): more means the test does not separate, and the search keeps the closest."""
+    prefixes at a position): more means the test does not separate, and the search keeps the closest; when that
+    happens at :data:`CUT_STEPS` positions in a row the test separates nothing and the search fails in one line.
+    Position-free sets (rotary models) are searched up to ``max_length`` (the capture's padded length) when known."""
     cap = group.test.threshold()
     limit = max(8 * batch_size, 64) if batch_size else MAX_FRONTIER
     frontier: list[tuple[int, ...]] = [()]
@@ -224,7 +236,8 @@ def assemble(model: nn.Module, group: ModuleGroup, sets: list[list[int]], positi
     cut_at: list[int] = []
     untested: list[int] = []
     taus: list[float] = []
-    positions = len(sets) if positional else MAX_POSITIONS
+    positions = len(sets) if positional else min(max_length or MAX_POSITIONS, MAX_POSITIONS)
+    inputs = PrefixInputs(model, group.layer)
     steps = 0
     for i in range(positions):
         options = sets[i] if positional else sets[0]
@@ -233,7 +246,7 @@ def assemble(model: nn.Module, group: ModuleGroup, sets: list[list[int]], positi
         if not options:
             break
         cands = [(*s, v) for s in frontier for v in options]
-        dist = _layer_two(model, group, cands, i)
+        dist = _layer_two(group, inputs, cands)
         tau, _ = step_threshold(dist, cap, fallback, min_gap)
         taus.append(tau)
         passed = {s: float(d) for s, d in zip(cands, dist.tolist(), strict=True) if d < tau}
@@ -248,6 +261,11 @@ def assemble(model: nn.Module, group: ModuleGroup, sets: list[list[int]], positi
         if len(ranked) > limit:
             ranked = ranked[:limit]
             cut_at.append(i)
+            if len(cut_at) >= CUT_STEPS and cut_at[-CUT_STEPS:] == list(range(i - CUT_STEPS + 1, i + 1)):
+                raise GleakError(f"the second-block test does not separate prefixes: more than {limit} passed at "
+                                 f"each of positions {cut_at[-CUT_STEPS]}–{i} (a batch has at most "
+                                 f"{batch_size or 'B'}); the span is too noisy for DAGER (a float32 update of "
+                                 "several local steps, or added noise)")
         scores.update({s: (scores[s[:-1]] * i + passed[s]) / (i + 1) for s in ranked})
         frontier = ranked
         steps = i + 1
@@ -267,28 +285,20 @@ def assemble(model: nn.Module, group: ModuleGroup, sets: list[list[int]], positi
     return seqs, [scores.get(s, 0.0) for s in finished], {
         "tau2_cap": cap, "tau2_max": max(taus, default=None), "tau2_min": min(taus, default=None),
         "positions_searched": steps, "frontier_cut_at": cut_at, "positions_untested": untested,
-        "dead_ends_dropped": dropped,
-        "batch_size": batch_size}
+        "dead_ends_dropped": dropped, "batch_size": batch_size, **inputs.diagnostics}
 
 
-def _layer_two(model: nn.Module, group: ModuleGroup, cands: Sequence[tuple[int, ...]], i: int,
-               chunk_tokens: int = CHUNK_CANDIDATES) -> torch.Tensor:
-    """The layer-2 residual of each candidate's input at its last position ``i``."""
-    out = torch.empty(len(cands), dtype=torch.float64)
-    rows = max(1, chunk_tokens // (i + 1))
-    for first in range(0, len(cands), rows):
-        ids = torch.tensor(cands[first:first + rows], dtype=torch.long)
-        inputs = module_inputs(model, group.layer, ids)
-        x = inputs[:, i]
-        dist = group.test.residual(x)
-        if i > 0:
-            # a token repeated right after itself at the start of a rotary model's sequence reproduces the vector
-            # before it exactly (identical keys and values): the span cannot tell such a chain from one token, so
-            # an extension that adds no new vector is not accepted (DAGER rejects the same chains; §3.5)
-            same = (x - inputs[:, i - 1]).norm(dim=1) <= 1e-6 * x.norm(dim=1)
-            dist = torch.where(same, torch.inf, dist)
-        out[first:first + len(ids)] = dist
-    return out
+def _layer_two(group: ModuleGroup, inputs: PrefixInputs, cands: Sequence[tuple[int, ...]]) -> torch.Tensor:
+    """The layer-2 residual of each candidate's input at its last position."""
+    x, before = inputs(cands)
+    dist = group.test.residual(x)
+    if before is not None:
+        # a token repeated right after itself at the start of a rotary model's sequence reproduces the vector
+        # before it exactly (identical keys and values): the span cannot tell such a chain from one token, so
+        # an extension that adds no new vector is not accepted (DAGER rejects the same chains; §3.5)
+        same = (x - before).norm(dim=1) <= 1e-6 * x.norm(dim=1)
+        dist = torch.where(same, torch.inf, dist)
+    return dist.to(torch.float64)
 
 
 def last_tokens(model: nn.Module, spec: TextModelSpec, head_grad: torch.Tensor, scale: float,
@@ -386,6 +396,39 @@ def refine_last_tokens(model: nn.Module, captured: torch.Tensor, prefixes: list[
     return picks, {"last_tokens_checked": True, "last_tokens_distance": (round(start, 6), round(best, 6))}
 
 
+def rounding_reason(model: nn.Module, tensors: Mapping[str, torch.Tensor], spec: TextModelSpec) -> str | None:
+    """Why a float32 update (FedAvg) has no usable span, when that is its rounding: θ_E − θ_0 stored in float32
+    carries about ulp(θ)/√12 per entry and step, a noise matrix whose singular values reach σ(√m + √n). When fewer
+    of the first linear module's singular values stand 3× above that than the width less the margin, the spectrum
+    runs into rounding rather than into a full batch (METHODS-text §3.10: DAGER's FedAvg code runs in float64).
+    None when that is not the cause."""
+    if spec.kind != "update":
+        return None
+    params = dict(model.named_parameters())
+    for path, layer in model.named_modules():
+        name = f"{path}.weight"
+        delta, weight = tensors.get(name), params.get(name)
+        if delta is None or weight is None or linear_gradient(layer, delta) is None or delta.dim() != 2:
+            continue
+        if delta.dtype != torch.float32:
+            return None
+        g = linear_gradient(layer, delta)
+        assert g is not None
+        steps = max(1, spec.local_steps or 1)
+        ulp = weight.detach().double().abs() * 2.0 ** -23
+        sigma = math.sqrt(steps * float(ulp.square().mean()) / 12)
+        floor = sigma * (math.sqrt(g.shape[0]) + math.sqrt(g.shape[1]))
+        above = int((torch.linalg.svdvals(g.double()) > 3 * floor).sum())
+        width = int(g.shape[1])
+        if above >= width - margin(width):
+            return None
+        return (f"this float32 update has no clear rank: its singular values fall to its rounding floor (about "
+                f"{sigma:.1g} per entry over {steps} local step(s), from the weights' size) without a clear drop, "
+                f"and only {above} of {path}'s {width} directions stand 3× above it (DAGER reads such updates in "
+                "float64: METHODS-text §3.10)")
+    return None
+
+
 def lora_scale(config: Mapping[str, Any]) -> float:
     """peft's scaling s of an adapter's update s·B·A: lora_alpha / r, or lora_alpha / √r with rsLoRA."""
     r = float(config.get("r", 8))
@@ -417,7 +460,7 @@ def merged(model: nn.Module, adapter: Mapping[str, torch.Tensor], scale: float) 
 def run_dager(model: nn.Module, spec: TextModelSpec, tensors: dict[str, torch.Tensor], *, head: torch.Tensor | None,
               head_scale: float, stored_adapter: tuple[Mapping[str, Any], dict[str, torch.Tensor]] | None,
               missing_global: str, min_gap: float, span_gap: float = 10.0, padding_side: str = "right",
-              progress: Callable[[str], None] | None = None) -> Sentences:
+              max_combinations: int = MAX_COMBINATIONS, progress: Callable[[str], None] | None = None) -> Sentences:
     """The whole attack on one capture (module docstring). ``stored_adapter``: the global adapter's config and
     tensors (a LoRA update: its A tests a fresh adapter's lora_B, and the second-block inputs are computed with it
     merged into the base model)."""
@@ -433,19 +476,31 @@ def run_dager(model: nn.Module, spec: TextModelSpec, tensors: dict[str, torch.Te
         g1, g2, positional = _lora_groups(model, tensors, stored_adapter[1] if stored_adapter else None,
                                           missing_global, span_gap)
     else:
-        g1, g2, positional = _weight_groups(model, tensors, span_gap)
+        try:
+            g1, g2, positional = _weight_groups(model, tensors, span_gap)
+        except GleakError as err:
+            raise GleakError(rounding_reason(model, tensors, spec) or str(err)) from None
     positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS) if positional else 1
     sets, diag1 = layer_one_sets(model, g1, spec.vocab_size, positions, min_gap, progress)
     if not any(sets):
         raise GleakError("no vocabulary token passes the first-block span test: the capture does not match this "
                          "model, or its noise hides the span")
-    seqs, scores, diag2 = assemble(model, g2, sets, positional, spec.batch_size, fallback=diag1["tau1"],
-                                   min_gap=min_gap, progress=progress)
+    if is_bidirectional(model, g2.layer, spec.vocab_size):
+        options = sets if positional else [sets[0]] * min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS)
+        seqs, exact, diag2 = search(model, g2.layer, g2.test, options, spec.batch_size,
+                                    cut=lambda d: step_threshold(d, g2.test.threshold(), 0.0, span_gap),
+                                    max_combinations=max_combinations, progress=progress)
+    else:
+        seqs, scores, diag2 = assemble(model, g2, sets, positional, spec.batch_size, fallback=diag1["tau1"],
+                                       min_gap=min_gap, progress=progress, max_length=spec.max_length)
+        exact = [sc < g2.test.threshold() and not diag2["frontier_cut_at"] for sc in scores]
     if not seqs:
+        last_block = next_block(g2.paths[0]) not in dict(model.named_modules())
         raise GleakError("no prefix passed the second-block span test: the capture's second block does not hold "
                          "this model's prefixes (another model, noise, or a LoRA update read without its global "
-                         "adapter)")
-    exact = [sc < g2.test.threshold() and not diag2["frontier_cut_at"] for sc in scores]
+                         "adapter)" + ("; here the second block is a classifier's last, whose gradient sees the "
+                                       "other positions only through the pooled one: DAGER needs a deeper model"
+                                       if last_block and spec.task == "sequence_classification" else ""))
     last: list[int | None] = [None] * len(seqs)
     diag3: dict[str, Any] = {}
     if spec.task == "causal_lm" and head is not None:

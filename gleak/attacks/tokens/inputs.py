@@ -12,6 +12,7 @@ Shared by ``lora-tokens`` and the sentence reconstruction (DAGER's candidates; M
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +31,10 @@ class _Stop(Exception):
 
 
 def module_inputs(model: nn.Module, layer: nn.Module, input_ids: torch.Tensor,
-                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                  position_ids: torch.Tensor | None = None, past_key_values: Any = None) -> torch.Tensor:
     """The input of ``layer`` [B, T, d_in] when ``model`` reads ``input_ids`` [B, T] (at ``position_ids`` when
-    given; no gradient; the pass stops at the layer)."""
+    given; after the cached prefix in ``past_key_values`` when given, which the layers before ``layer`` extend in
+    place; no gradient; the pass stops at the layer)."""
     seen: list[torch.Tensor] = []
 
     def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
@@ -42,8 +44,13 @@ def module_inputs(model: nn.Module, layer: nn.Module, input_ids: torch.Tensor,
     handle = layer.register_forward_pre_hook(hook)
     try:
         with torch.no_grad():
-            extra = {"position_ids": position_ids} if position_ids is not None else {}
-            model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **extra)
+            extra: dict[str, Any] = {"position_ids": position_ids} if position_ids is not None else {}
+            past = 0
+            if past_key_values is not None:
+                past = int(past_key_values.get_seq_length())
+                extra.update({cache_argument(model): past_key_values, "use_cache": True})
+            mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long)
+            model(input_ids=input_ids, attention_mask=mask, **extra)
     except _Stop:
         pass
     finally:
@@ -51,6 +58,12 @@ def module_inputs(model: nn.Module, layer: nn.Module, input_ids: torch.Tensor,
     if not seen:
         raise GleakError("the base model's forward pass never reached the adapted module")
     return seen[0].reshape(input_ids.shape[0], input_ids.shape[1], -1)
+
+
+def cache_argument(model: nn.Module) -> str:
+    """The forward argument that takes a key/value cache: ``cache`` in newer transformers, ``past_key_values``
+    before (still accepted there, with a deprecation warning)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -82,18 +95,37 @@ def candidate_residuals(model: nn.Module, layer: nn.Module, vocab_size: int, pos
     """``score`` (rows [N, d_in] -> [N] residuals) of every token's input to ``layer`` at each of ``positions``
     positions: [positions, V] float64 (one row when the input does not depend on the position)."""
     out = torch.empty(positions, vocab_size, dtype=torch.float64)
+    offset = position_offset(model, layer, vocab_size) if positions > 1 else 0
     for p in range(positions):
-        out[p] = score(token_inputs(model, layer, vocab_size, p))
+        out[p] = score(token_inputs(model, layer, vocab_size, p, offset))
     return out
 
 
-def token_inputs(model: nn.Module, layer: nn.Module, vocab_size: int, position: int) -> torch.Tensor:
+def position_offset(model: nn.Module, layer: nn.Module, vocab_size: int, probe: int = 6, most: int = 4) -> int:
+    """The ``position_ids`` value of a sequence's position 0 as the model numbers it by itself: 0 for most, 2 for
+    RoBERTa (its pad index + 1). Found by matching a probe sequence's inputs to one-token probes read at p + k; one
+    line when no k up to ``most`` matches (positions numbered some other way)."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab_size, (1, probe), generator=gen)
+    seen = module_inputs(model, layer, ids)[0].double()
+    scale = float(seen.abs().max()) or 1.0
+    for k in range(most + 1):
+        alone = module_inputs(model, layer, ids.T, torch.arange(probe).unsqueeze(1) + k)[:, 0].double()
+        if torch.allclose(alone, seen, rtol=1e-4, atol=1e-5 * scale):
+            return k
+    raise GleakError("the model numbers its positions in a way gleak cannot match (a token's input alone at "
+                     f"position p + k differs from its input in a sequence for every k up to {most})")
+
+
+def token_inputs(model: nn.Module, layer: nn.Module, vocab_size: int, position: int, offset: int = 0
+                 ) -> torch.Tensor:
     """Every vocabulary token's input to ``layer`` at ``position`` [V, d_in] (one-token sequences read at that
-    position through ``position_ids``; valid for token-wise inputs, :func:`input_kind`)."""
+    position through ``position_ids`` = position + ``offset``, :func:`position_offset`; valid for token-wise
+    inputs, :func:`input_kind`)."""
     rows = []
     for first in range(0, vocab_size, CHUNK_TOKENS):
         ids = torch.arange(first, min(first + CHUNK_TOKENS, vocab_size)).unsqueeze(1)
-        rows.append(module_inputs(model, layer, ids, torch.full_like(ids, position))[:, 0])
+        rows.append(module_inputs(model, layer, ids, torch.full_like(ids, position + offset))[:, 0])
     return torch.cat(rows)
 
 

@@ -38,7 +38,7 @@ def audit_sentences(ctx: Context, truth: TextTruth | None, config: AuditConfig, 
     """Fill ``report.sentences``; the GLEAK-TEXT or GLEAK-TEXT-EXPECTED finding and notices."""
     spec = ctx.text_model
     path = report.capture.path
-    if spec is None or spec.task != "causal_lm":
+    if spec is None:
         return [], []
     attack = get_attack(ATTACK, "text")
     attack.configure(config.attack_options(ATTACK))
@@ -86,17 +86,26 @@ def audit_sentences(ctx: Context, truth: TextTruth | None, config: AuditConfig, 
 def expected_scores(ctx: Context, text_aux: tuple[Path, TextData], twins: int, config: AuditConfig,
                     model_folder: Path | None) -> dict[str, Any]:
     """DAGER's mean scores on ``twins`` batches drawn from the aux text, each simulated as the capture was made
-    (same model, B, truncation length, FedSGD or the recorded local steps and learning rate) and scored against
-    itself."""
+    (same model, B, truncation length, FedSGD or the recorded local steps and learning rate; a LoRA capture's twins
+    train the same adapter from the global one beside it; a classifier's twins need labelled aux text) and scored
+    against itself."""
+    from gleak.attacks.tokens.lora import load_global_adapter
+    from gleak.models.peft import LoraSpec, spec_of_config
     from gleak.models.text import load_tokenizer
     from gleak.simulate import ClientConfig
-    from gleak.simulate_text import TextClientOptions, simulate_text_client
+    from gleak.simulate_text import TextClientOptions, simulate_lora_client, simulate_text_client
 
     spec, model = ctx.text_model, ctx.model
     if spec is None or model is None or model_folder is None:
         raise GleakError("expected text leakage needs the model's Hugging Face folder")
+    lora: tuple[LoraSpec, dict[str, Any]] | None = None
     if ctx.capture.get("gleak.peft.type") is not None:
-        raise GleakError("expected text leakage of LoRA captures is not simulated yet: give the truth companion")
+        # the twins fine-tune the same adapter from the global one beside the capture, which DAGER also reads
+        stored = load_global_adapter(ctx.capture.path)
+        if stored is None:
+            raise GleakError("expected text leakage of a LoRA capture needs its global adapter beside it "
+                             "(NAME.adapter/, as gleak simulate --peft and the Flower mod write it)")
+        lora = (spec_of_config(stored[0]), stored[1])
     tokenizer = load_tokenizer(model_folder, trust_remote_code=config.trust_remote_code)
     b = ctx.batch_size or 1
     steps = ctx.local_steps
@@ -109,8 +118,15 @@ def expected_scores(ctx: Context, text_aux: tuple[Path, TextData], twins: int, c
         client = ClientConfig(batch_size=b, local_steps=steps, scheme="fedsgd" if steps == 1 else "fedavg",
                               learning_rate=lr, optimizer=str(ctx.capture.get("gleak.optimizer") or "sgd"),
                               train_mode=False, seed=ctx.seed + 1000 + k)
-        options = TextClientOptions(task="causal_lm", max_length=spec.max_length)
-        capture, twin_truth = simulate_text_client(model, tokenizer, data, client, options)
+        classes = ctx.capture.get("gleak.num_classes")
+        options = TextClientOptions(task=spec.task, max_length=spec.max_length,
+                                    num_labels=int(classes) if isinstance(classes, int) else None)
+        if lora is None:
+            capture, twin_truth = simulate_text_client(model, tokenizer, data, client, options)
+        else:
+            capture, twin_truth, _ = simulate_lora_client(model, tokenizer, data, client, options, lora[0],
+                                                          start=lora[1])
+            capture.path = ctx.capture.path  # the same global adapter beside it
         twin = dataclasses.replace(ctx, capture=capture, batch_size=capture.batch_size, _cache={})
         attack = get_attack(ATTACK, "text")
         attack.configure(config.attack_options(ATTACK))
