@@ -152,3 +152,18 @@ def test_gleak_reconstruct_on_a_bert_classifier_capture(tmp_path: Path) -> None:
     audit = json.loads((tmp_path / "audit" / "report.json").read_text())
     rules = {f["rule"]: f["severity"] for f in audit["findings"]}
     assert rules.get("GLEAK-TEXT") == "critical", rules  # the audit reads classifiers' sentences too
+
+
+def test_an_attack_that_cannot_run_on_the_capture_writes_nothing(tmp_path: Path) -> None:
+    """`--attack tag` on a classifier's capture: one reason, exit 2, and no output folder left behind."""
+    model = bert_folder(tmp_path / "bert")
+    data = tmp_path / "notes.jsonl"
+    data.write_text("".join(json.dumps({"text": s, "label": i % 2}) + "\n" for i, s in enumerate(SENTENCES)))
+    runner = CliRunner()
+    cap = tmp_path / "c.safetensors"
+    assert runner.invoke(app, ["simulate", "--model", str(model), "--data", str(data), "-b", "2", "-o",
+                               str(cap)]).exit_code == 0
+    out = tmp_path / "rec"
+    done = runner.invoke(app, ["reconstruct", str(cap), "--model", str(model), "--attack", "tag", "-o", str(out)])
+    assert done.exit_code == 2 and "sequence classifier" in done.stdout + done.stderr
+    assert not out.exists() or not any(out.iterdir())

@@ -192,7 +192,8 @@ def _reconstruct_text(capture: Path, output: Path, model: Path | None, attack: s
         def note(line: str) -> None:
             err_console.print(f"[dim]{line}[/]", end="\r")
     report = run_text(request, note)
-    written = write_text_outputs(report, output, force)
+    # a run that recovered nothing writes nothing (it exits 2): no empty metrics.json left to mistake for a result
+    written = write_text_outputs(report, output, force) if report.status == "ok" else []
     if format == "json":
         print_json(report.to_json())
     else:

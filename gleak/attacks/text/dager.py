@@ -488,7 +488,9 @@ def run_dager(model: nn.Module, spec: TextModelSpec, tensors: dict[str, torch.Te
     if is_bidirectional(model, g2.layer, spec.vocab_size):
         options = sets if positional else [sets[0]] * min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS)
         seqs, exact, diag2 = search(model, g2.layer, g2.test, options, spec.batch_size,
-                                    cut=lambda d: step_threshold(d, g2.test.threshold(), 0.0, span_gap),
+                                    # never above the first block's threshold: the same float32 passes
+                                    cut=lambda d: step_threshold(d, min(g2.test.threshold(), diag1["tau1"]), 0.0,
+                                                                 span_gap),
                                     max_combinations=max_combinations, progress=progress)
     else:
         seqs, scores, diag2 = assemble(model, g2, sets, positional, spec.batch_size, fallback=diag1["tau1"],

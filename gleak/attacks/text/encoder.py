@@ -89,17 +89,18 @@ def coordinate_search(score: Scorer, options: list[list[int]], start: list[int],
 
 
 def similar(a: Sequence[int], b: Sequence[int]) -> bool:
-    """Agreeing on at least :data:`SIMILAR` of the shorter one's positions (a sequence and itself one token
-    longer are one)."""
+    """Lengths at most one apart and agreeing on at least :data:`SIMILAR` of the shorter one's positions (a
+    sequence and itself one token longer are one; a one-token sequence is not like every longer one)."""
     n = min(len(a), len(b))
-    return sum(x == y for x, y in zip(a[:n], b[:n], strict=True)) >= SIMILAR * n
+    return abs(len(a) - len(b)) <= 1 and sum(x == y for x, y in zip(a[:n], b[:n], strict=True)) >= SIMILAR * n
 
 
 def search(model: nn.Module, layer: nn.Module, test: SpanTest, sets: list[list[int]], batch_size: int | None,
            cut: Callable[[torch.Tensor], tuple[float, float]], max_combinations: int = MAX_COMBINATIONS,
            progress: Callable[[str], None] | None = None) -> tuple[list[list[int]], list[bool], dict[str, Any]]:
     """The encoder search (module docstring): (sequences, exact flags, diagnostics). ``cut`` places the threshold
-    on the worst residual of every sequence scored (0 where no gap is clear: then nothing is called exact). The
+    on the worst residual of every sequence scored (0 where no gap is clear: then nothing is called exact; the
+    caller caps it by the first block's threshold, so a loose second-block span cannot call a sequence exact). The
     best sequences by mean residual are kept, up to B, one of each family of near-copies. Lengths run up to the
     first empty set."""
     keep = batch_size or max((len(s) for s in sets), default=1)
