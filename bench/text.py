@@ -369,6 +369,11 @@ def line(r: dict[str, Any], lead: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def table(rows: list[dict[str, Any]], lead: list[str], cells: Any) -> list[str]:
+    """A table of ``rows``: the ``lead`` columns (``cells(row)``) before the shared ones."""
+    return header(lead) + [line(r, cells(r)) for r in rows]
+
+
 def plots(rows: list[dict[str, Any]], out: Path) -> list[tuple[str, str, str]]:
     """(file, title, alt text) of the two figures."""
     import matplotlib
@@ -465,8 +470,9 @@ def write(rows: list[dict[str, Any]], out: Path) -> None:
              f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} over 1 / 5 / 15 min when written): the seconds are "
              "upper bounds and only roughly comparable between rows.", "",
              "**Caveat before comparing with the paper.** Ours: random-weight models with 2 blocks and 2 heads "
-             "(tests/token_models.py; the classifiers 3 blocks), random token ids (no language), ROUGE over token ids (no words, no stemming; "
-             "gleak.metrics.text), one batch per row (no 100-batch mean, no interval). DAGER's numbers: pretrained "
+             "(tests/token_models.py; the classifiers 3 blocks), random token ids (no language), ROUGE over token "
+             "ids (no words, no stemming; gleak.metrics.text), one batch per row (no 100-batch mean, no interval). "
+             "DAGER's numbers: pretrained "
              "GPT-2 (12 blocks) and LLaMA-2 7B on CoLA / SST-2 / Rotten Tomatoes, ROUGE over words, 100 batches, "
              "GPUs. Random weights are the easy case for the span test (no near-duplicate inputs), and 2 blocks are "
              "all DAGER reads anyway; natural text repeats tokens and prefixes, so n is smaller for the same B.", "",
@@ -547,11 +553,8 @@ def write(rows: list[dict[str, Any]], out: Path) -> None:
                   "Table 2, pretrained BERT base): B = 1: 100 / 100; B = 4: CoLA 94.0 / 89.9, RT 66.8 / 50.1; B = 8: "
                   "ROUGE-1 CoLA 67.8, RT 37.1 (about 2 h per batch on an L4 for RT at B = 8). GPT-2 as in the "
                   "tables above.", "",
-                  *header(["model", "B"])]
-        for r in classified:
-            lines.append(line(r, ["GPT-2 classifier" if r["family"] == "gpt2cls" else "BERT classifier",
-                                  str(r["B"])]))
-        lines.append("")
+                  *table(classified, ["model", "B"], lambda r: [
+                      "GPT-2 classifier" if r["family"] == "gpt2cls" else "BERT classifier", str(r["B"])]), ""]
     fedavg = [r for r in rows if r["setting"] == "fedavg"]
     if fedavg:
         lines += ["## FedAvg: 3 local SGD steps on the batch, B = 8, lengths 8–16", "",
@@ -571,9 +574,8 @@ def write(rows: list[dict[str, Any]], out: Path) -> None:
                   "span is clean. Tiny GPT-2 at η = 1e-3 in float64 is refused at full rank: its tied embedding "
                   "itself moves over the 3 steps, so the update holds up to 3n slightly moved inputs "
                   "(METHODS-text §3.10 caveat), more than d = 128 holds.", "",
-                  *header(["model", "η", "dtype", "B"])]
-        for r in fedavg:
-            lines.append(line(r, [f"{r['family']} d={r['d']}", f"{r['lr']:g}", r["dtype"], str(r["B"])]))
+                  *table(fedavg, ["model", "η", "dtype", "B"], lambda r: [
+                      f"{r['family']} d={r['d']}", f"{r['lr']:g}", r["dtype"], str(r["B"])])]
     lora = [r for r in rows if r["setting"] == "lora"]
     if lora:
         lines += ["", "## LoRA: a trained adapter's FedSGD gradient, lengths 8–16", "",
@@ -590,10 +592,9 @@ def write(rows: list[dict[str, Any]], out: Path) -> None:
                   "Without the global adapter the attack fails in one line (\"no prefix passed the second-block span "
                   "test … or a LoRA update read without its global adapter\"): the candidates' second-block inputs "
                   "miss the first block's adapter, so no prefix lies in the second-block span.", "",
-                  *header(["model", "r", "B", "global adapter"])]
-        for r in lora:
-            lines.append(line(r, [f"{r['family']} d={r['d']}", str(r["r"]), str(r["B"]),
-                                  "given" if r["model"] == "global" else "none"]))
+                  *table(lora, ["model", "r", "B", "global adapter"], lambda r: [
+                      f"{r['family']} d={r['d']}", str(r["r"]), str(r["B"]),
+                      "given" if r["model"] == "global" else "none"])]
     skipped = [r for r in rows if r["status"].startswith(("skipped", "timeout"))]
     names = {r["name"] for r in rows}
     absent = [x["name"] for x in settings() if x["name"] not in names]

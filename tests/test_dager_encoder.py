@@ -131,15 +131,21 @@ def bert_folder(folder: Path) -> Path:
     return folder
 
 
-def test_gleak_reconstruct_on_a_bert_classifier_capture(tmp_path: Path) -> None:
+def bert_capture(tmp_path: Path) -> tuple[Path, Path]:
+    """(model folder, capture): `gleak simulate` of the BERT classifier on two labelled notes."""
     model = bert_folder(tmp_path / "bert")
     data = tmp_path / "notes.jsonl"
     data.write_text("".join(json.dumps({"text": s, "label": i % 2}) + "\n" for i, s in enumerate(SENTENCES)))
-    runner = CliRunner()
     cap = tmp_path / "c.safetensors"
-    done = runner.invoke(app, ["simulate", "--model", str(model), "--data", str(data), "-b", "2", "--seed", "1",
-                               "-o", str(cap)])
+    done = CliRunner().invoke(app, ["simulate", "--model", str(model), "--data", str(data), "-b", "2", "--seed",
+                                    "1", "-o", str(cap)])
     assert done.exit_code == 0, done.stderr
+    return model, cap
+
+
+def test_gleak_reconstruct_on_a_bert_classifier_capture(tmp_path: Path) -> None:
+    model, cap = bert_capture(tmp_path)
+    runner = CliRunner()
     done = runner.invoke(app, ["reconstruct", str(cap), "--model", str(model), "-o", str(tmp_path / "rec"),
                                "--format", "json"], env={"COLUMNS": "200"})
     assert done.exit_code == 0, done.stderr
@@ -156,14 +162,8 @@ def test_gleak_reconstruct_on_a_bert_classifier_capture(tmp_path: Path) -> None:
 
 def test_an_attack_that_cannot_run_on_the_capture_writes_nothing(tmp_path: Path) -> None:
     """`--attack tag` on a classifier's capture: one reason, exit 2, and no output folder left behind."""
-    model = bert_folder(tmp_path / "bert")
-    data = tmp_path / "notes.jsonl"
-    data.write_text("".join(json.dumps({"text": s, "label": i % 2}) + "\n" for i, s in enumerate(SENTENCES)))
-    runner = CliRunner()
-    cap = tmp_path / "c.safetensors"
-    assert runner.invoke(app, ["simulate", "--model", str(model), "--data", str(data), "-b", "2", "-o",
-                               str(cap)]).exit_code == 0
+    model, cap = bert_capture(tmp_path)
     out = tmp_path / "rec"
-    done = runner.invoke(app, ["reconstruct", str(cap), "--model", str(model), "--attack", "tag", "-o", str(out)])
+    done = CliRunner().invoke(app, ["reconstruct", str(cap), "--model", str(model), "--attack", "tag", "-o", str(out)])
     assert done.exit_code == 2 and "sequence classifier" in done.stdout + done.stderr
     assert not out.exists() or not any(out.iterdir())
