@@ -93,6 +93,21 @@ def test_a_model_numbering_positions_from_its_pad_index_is_read_at_its_own_posit
     assert sorted(found.sequences) == sorted(truth) and all(found.exact)
 
 
+def test_an_encoder_without_learned_positions_is_refused_in_one_line() -> None:
+    """A rotary encoder (ModernBERT): one first-block set for every position, so the search would rest on orders
+    only the attention tells apart (a random one passed a permuted sequence): refused, naming the reason."""
+    if not hasattr(transformers, "ModernBertForSequenceClassification"):
+        pytest.skip("this transformers has no ModernBERT")
+    torch.manual_seed(0)
+    model = transformers.ModernBertForSequenceClassification(transformers.ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+        max_position_embeddings=64, pad_token_id=0, num_labels=3, global_attn_every_n_layers=1, cls_token_id=2,
+        sep_token_id=3, bos_token_id=2, eos_token_id=3)).eval()
+    with pytest.raises(GleakError) as err:
+        classify(model, 1, seed=3)
+    assert "needs learned positions" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_beyond_the_exhaustive_budget_the_coordinate_search_still_finds_them() -> None:
     truth, found = classify(bert(), 2, seed=3, max_combinations=8)
     assert "coordinate" in found.diagnostics["lengths_searched"].values()

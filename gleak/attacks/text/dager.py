@@ -486,8 +486,13 @@ def run_dager(model: nn.Module, spec: TextModelSpec, tensors: dict[str, torch.Te
         raise GleakError("no vocabulary token passes the first-block span test: the capture does not match this "
                          "model, or its noise hides the span")
     if is_bidirectional(model, g2.layer, spec.vocab_size):
-        options = sets if positional else [sets[0]] * min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS)
-        seqs, exact, diag2 = search(model, g2.layer, g2.test, options, spec.batch_size,
+        if not positional:
+            # one set for every position: the search would test orders that only the attention tells apart, and a
+            # random-weight ModernBERT passed a permuted sequence at 2e-5 (METHODS-text §3.8 covers BERT)
+            raise GleakError("DAGER's encoder search needs learned positions (BERT, RoBERTa: the paper's setting); "
+                             "this encoder's first-block inputs do not depend on the position (rotary), so the "
+                             "order of each sequence cannot be read from them")
+        seqs, exact, diag2 = search(model, g2.layer, g2.test, sets, spec.batch_size,
                                     # never above the first block's threshold: the same float32 passes
                                     cut=lambda d: step_threshold(d, min(g2.test.threshold(), diag1["tau1"]), 0.0,
                                                                  span_gap),
