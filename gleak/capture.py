@@ -39,6 +39,7 @@ from gleak.reproducible import created_at
 SCHEMA_VERSION = 1
 KINDS = ("gradient", "update")
 TRUTH_KIND = "truth"
+OPTIMIZERS = ("sgd", "sgdm", "nag", "adam")  # the client optimizers a capture can record (gleak.optimizer)
 TEXT_TASKS = ("causal_lm", "sequence_classification")
 IGNORE_INDEX = -100  # the Hugging Face convention: a target that the loss skips (pads)
 SHA256_HEX = frozenset("0123456789abcdef")
@@ -70,8 +71,8 @@ SCHEMA: dict[str, Field] = {
                                default=1),
     "gleak.learning_rate": Field("float", "client learning rate η (updates: needed to read Δθ as a gradient, and "
                                  "by rlu)", minimum=0),
-    "gleak.optimizer": Field("enum", "client optimizer (updates only; a gradient involves none)",
-                             ("sgd", "sgdm", "nag", "adam"), default="sgd"),
+    "gleak.optimizer": Field("enum", "client optimizer (updates only; a gradient involves none)", OPTIMIZERS,
+                             default="sgd"),
     "gleak.momentum": Field("float", "momentum γ of sgdm / nag (read only for those optimizers)", minimum=0,
                             maximum=0.999999, default=0.9),
     "gleak.weight_decay": Field("float", "L2 weight decay of the optimizer (updates only)", minimum=0,

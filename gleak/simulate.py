@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gleak.capture import Capture, Truth, capture_gradients, capture_update
+from gleak.capture import OPTIMIZERS, Capture, Truth, capture_gradients, capture_update
 from gleak.data import Dataset
 from gleak.defenses import Defense, apply_defenses
 from gleak.defenses.dpsgd import DpSgdOptions, dp_train, epsilon, resolve
@@ -30,7 +30,6 @@ from gleak.errors import GleakError
 from gleak.losses import LossSpec, client_loss, soft_targets
 
 SCHEMES = ("fedsgd", "fedavg", "fedprox")
-OPTIMIZERS = ("sgd", "sgdm", "nag", "adam")
 COMPOSITIONS = ("uniform", "unique", "unbalanced", "dirichlet", "explicit")
 DIRICHLET_CLIENTS = 10
 MAX_HELD_VALUES = 1 << 28  # input values (float32: 1 GiB) a simulation keeps for its m·B examples

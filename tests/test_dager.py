@@ -6,7 +6,6 @@ unless --show-text)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,6 @@ from .token_models import gpt2, gradient, llama, spec_of, token_batch
 
 VOCAB = 500
 
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread while a test trains a model (given back afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def real(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:

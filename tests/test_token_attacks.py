@@ -7,8 +7,6 @@ knows the domain). docs/methods/tokens.md lists what was measured."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -217,14 +215,6 @@ def _corpus_batch(batch: int, gen: torch.Generator) -> tuple[torch.Tensor, torch
         mask[i, :n] = 1
     return ids, mask
 
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread for the training in a test (two beside another job collapse), given back afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.extended

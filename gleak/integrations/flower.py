@@ -57,7 +57,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from gleak import __version__
 from gleak.capture import Capture, TextTruth, Truth, capture_lora_update
 from gleak.errors import GleakError, shorten
 from gleak.integrations.recorder import (
@@ -543,12 +542,7 @@ class _LoraRecorder(CaptureRecorder):
         steps, batch = record.local_steps, record.batch_size
         if steps is None and truth is not None and batch and truth.num_examples % batch == 0:
             steps = truth.num_examples // batch
-        meta: dict[str, Any] = {"gleak.fl.client_id": record.client,
-                                "gleak.producer": f"gleak {__version__} ({self.producer})"}
-        if record.round is not None:
-            meta["gleak.fl.round"] = int(record.round)
-        if record.defense:
-            meta["gleak.defense"] = [dict(d) for d in record.defense]
+        meta = self.record_meta(record)
         if isinstance(config.get("base_model_name_or_path"), str) and config["base_model_name_or_path"]:
             meta["gleak.peft.base_model"] = config["base_model_name_or_path"]
         width = int(truth.input_ids.shape[1]) if truth is not None else None
@@ -845,6 +839,37 @@ class GleakAuditStrategy(Strategy):
                  "token" if self.lora is not None else "label", self.log_path)
 
     # ------------------------------------------------------------------------------------------ auditing
+    def _audit_replies(self, server_round: int, replies: list[Message], global_state: dict[str, torch.Tensor],
+                       config: ConfigRecord, audit: Callable[[Capture, str], dict[str, Any]]
+                       ) -> list[dict[str, Any]]:
+        """One JSON line per reply: its capture built (and written when asked) and audited by ``audit`` (capture,
+        node id -> the line's fields), timed; a reply that fails gets its one-line error. The lines are appended to
+        the log and kept under the round."""
+        lines: list[dict[str, Any]] = []
+        for reply in replies:
+            node = str(reply.metadata.src_node_id)
+            line: dict[str, Any] = {"round": server_round, "node_id": node}
+            started = time.perf_counter()
+            returned = _single_arrays(reply) if not reply.has_error() and reply.has_content() else None
+            if returned is None:
+                line.update(status="skipped", reason="the reply holds an error or no single ArrayRecord")
+            else:
+                try:
+                    record = self.metadata.record(server_round, node, [*_records(reply), config], {})
+                    capture, _ = self.recorder.build(global_state, _state(returned), record)
+                    if self.write_captures:
+                        self.recorder.write_built(capture, None, global_state, record)
+                    line.update(audit(capture, node))
+                except GleakError as e:
+                    line.update(status="error", error=str(e))
+            line["seconds"] = round(time.perf_counter() - started, 4)
+            lines.append(line)
+        with self.log_path.open("a", encoding="utf-8") as out:
+            for line in lines:
+                out.write(json.dumps(line, sort_keys=True) + "\n")
+        self.rounds[server_round] = lines
+        return lines
+
     def _audit(self, server_round: int, replies: list[Message]) -> None:
         from gleak.attacks.labels.confidence import CalibrationCache
         from gleak.models.loading import model_from_state
@@ -865,32 +890,17 @@ class GleakAuditStrategy(Strategy):
         auxes = [(self.aux_path or Path("aux"), self.aux)] if self.aux is not None else []
         cache: dict[tuple[Any, ...], dict[str, Any]] = {}  # the round's model: its aux forwards, shared by replies
         calibrations = CalibrationCache()  # the round's model: calibrated once for all replies
-        lines: list[dict[str, Any]] = []
-        for reply in replies:
-            node = str(reply.metadata.src_node_id)
-            line: dict[str, Any] = {"round": server_round, "node_id": node}
-            started = time.perf_counter()
-            returned = _single_arrays(reply) if not reply.has_error() and reply.has_content() else None
-            if returned is None:
-                line.update(status="skipped", reason="the reply holds an error or no single ArrayRecord")
-            else:
-                record = self.metadata.record(server_round, node, [*_records(reply), config], {})
-                capture, _ = self.recorder.build(global_state, _state(returned), record)
-                if self.write_captures:
-                    self.recorder.write_built(capture, None, global_state, record)
-                report, findings, _ = audit_loaded(capture, loaded, auxes, self.config, cache=cache,
-                                                   calibration_cache=calibrations, name=f"flower://round-{server_round}/node-{node}")
-                line.update(status=report.status, error=report.error, batch_size=report.batch_size,
-                            local_steps=report.local_steps,
-                            attacks=[{"attack": a.attack, "status": a.status, "counts": a.counts,
-                                      "reason": a.reason} for a in report.attacks if a.task == "labels"],
-                            findings=[f.model_dump(exclude_none=True) for f in findings])
-            line["seconds"] = round(time.perf_counter() - started, 4)
-            lines.append(line)
-        with self.log_path.open("a", encoding="utf-8") as out:
-            for line in lines:
-                out.write(json.dumps(line, sort_keys=True) + "\n")
-        self.rounds[server_round] = lines
+        def audit_labels(capture: Capture, node: str) -> dict[str, Any]:
+            report, findings, _ = audit_loaded(capture, loaded, auxes, self.config, cache=cache,
+                                               calibration_cache=calibrations,
+                                               name=f"flower://round-{server_round}/node-{node}")
+            return dict(status=report.status, error=report.error, batch_size=report.batch_size,
+                        local_steps=report.local_steps,
+                        attacks=[{"attack": a.attack, "status": a.status, "counts": a.counts, "reason": a.reason}
+                                 for a in report.attacks if a.task == "labels"],
+                        findings=[f.model_dump(exclude_none=True) for f in findings])
+
+        lines = self._audit_replies(server_round, replies, global_state, config, audit_labels)
         ran = sorted({a["attack"] for line in lines for a in line.get("attacks", []) if a["status"] == "ok"})
         recovered = sum(any(a["status"] == "ok" for a in line.get("attacks", [])) for line in lines)
         agreeing = sum(any(f.get("rule") == "GLEAK-LABELS-AGREE" for f in line.get("findings", [])) for line in lines)
@@ -908,43 +918,24 @@ class GleakAuditStrategy(Strategy):
 
         assert self.lora is not None and self.base is not None
         global_state = _state(arrays)
-        lines: list[dict[str, Any]] = []
         with tempfile.TemporaryDirectory(prefix="gleak-round-") as scratch:
             # lora-tokens reads the global adapter beside the capture (NAME.adapter/): a capture not written to disk
             # stands at a path in a scratch folder that holds the round's adapter
             stand_in = Path(scratch) / f"round-{server_round:04d}.safetensors"
-            for reply in replies:
-                node = str(reply.metadata.src_node_id)
-                line: dict[str, Any] = {"round": server_round, "node_id": node}
-                started = time.perf_counter()
-                returned = _single_arrays(reply) if not reply.has_error() and reply.has_content() else None
-                if returned is None:
-                    line.update(status="skipped", reason="the reply holds an error or no single ArrayRecord")
-                else:
-                    try:
-                        record = self.metadata.record(server_round, node, [*_records(reply), config], {})
-                        capture, _ = self.recorder.build(global_state, _state(returned), record)
-                        if self.write_captures:
-                            self.recorder.write_built(capture, None, global_state, record)
-                        if capture.path is None or not is_adapter_dir(adapter_path_for(capture.path)):
-                            if not is_adapter_dir(adapter_path_for(stand_in)):
-                                save_adapter(adapter_path_for(stand_in), self.lora.adapter_config(global_state),
-                                             global_state)
-                            capture.path = stand_in
-                        report, _, _ = audit_loaded(capture, self.base, [], self.config,
-                                                    name=f"flower://round-{server_round}/node-{node}",
-                                                    model_folder=self.lora.base_model)
-                        line.update(status=report.status, error=report.error, batch_size=report.batch_size,
-                                    local_steps=report.local_steps,
-                                    attacks=[_token_line(t) for t in report.tokens or []])
-                    except GleakError as e:
-                        line.update(status="error", error=str(e))
-                line["seconds"] = round(time.perf_counter() - started, 4)
-                lines.append(line)
-        with self.log_path.open("a", encoding="utf-8") as out:
-            for line in lines:
-                out.write(json.dumps(line, sort_keys=True) + "\n")
-        self.rounds[server_round] = lines
+
+            def audit_tokens(capture: Capture, node: str) -> dict[str, Any]:
+                assert self.lora is not None and self.base is not None
+                if capture.path is None or not is_adapter_dir(adapter_path_for(capture.path)):
+                    if not is_adapter_dir(adapter_path_for(stand_in)):
+                        save_adapter(adapter_path_for(stand_in), self.lora.adapter_config(global_state), global_state)
+                    capture.path = stand_in
+                report, _, _ = audit_loaded(capture, self.base, [], self.config,
+                                            name=f"flower://round-{server_round}/node-{node}",
+                                            model_folder=self.lora.base_model)
+                return dict(status=report.status, error=report.error, batch_size=report.batch_size,
+                            local_steps=report.local_steps, attacks=[_token_line(t) for t in report.tokens or []])
+
+            lines = self._audit_replies(server_round, replies, global_state, config, audit_tokens)
         recovered = [line for line in lines if any(a["status"] == "ok" and a["token_ids"]
                                                    for a in line.get("attacks", []) if a["attack"] != "union")]
         tokens = sorted(len(a["token_ids"]) for line in recovered for a in line["attacks"] if a["attack"] == "union")

@@ -163,18 +163,24 @@ class CaptureRecorder(LockedPickle):
         return self.root / MODELS_DIR / f"{prefix}-{sha256[:12]}.safetensors"
 
     # ------------------------------------------------------------------------------------------ building
-    def build(self, global_state: Mapping[str, torch.Tensor], local_state: Mapping[str, torch.Tensor],
-              record: ClientRecord) -> tuple[Capture, Truth | TextTruth | None]:
-        """The capture (and truth, when the record carries one) for one client's round; raises GleakError. (A
-        subclass for language models returns a :class:`~gleak.capture.TextTruth`.)"""
-        buffers = sorted(self.buffers & set(global_state) if self.buffers is not None
-                         else {n for n in global_state if n.rsplit(".", 1)[-1] in BUFFER_SUFFIXES})
+    def record_meta(self, record: ClientRecord) -> dict[str, Any]:
+        """The capture keys every recorded client gets: its id, the producer, and the round and defense when
+        known."""
         meta: dict[str, Any] = {"gleak.fl.client_id": record.client,
                                 "gleak.producer": f"gleak {__version__} ({self.producer})"}
         if record.round is not None:
             meta["gleak.fl.round"] = int(record.round)
         if record.defense:
             meta["gleak.defense"] = [dict(d) for d in record.defense]
+        return meta
+
+    def build(self, global_state: Mapping[str, torch.Tensor], local_state: Mapping[str, torch.Tensor],
+              record: ClientRecord) -> tuple[Capture, Truth | TextTruth | None]:
+        """The capture (and truth, when the record carries one) for one client's round; raises GleakError. (A
+        subclass for language models returns a :class:`~gleak.capture.TextTruth`.)"""
+        buffers = sorted(self.buffers & set(global_state) if self.buffers is not None
+                         else {n for n in global_state if n.rsplit(".", 1)[-1] in BUFFER_SUFFIXES})
+        meta = self.record_meta(record)
         truth: Truth | None = None
         inputs = record.inputs
         if record.labels is not None and inputs is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gleak.capture import Capture, capture_lora_update, check_finite, save_capture
+from gleak.capture import OPTIMIZERS, Capture, capture_lora_update, check_finite, save_capture
 from gleak.errors import GleakError
 from gleak.io import check_writable, show
 from gleak.models import load_model
@@ -46,6 +46,8 @@ def run_adapter_capture(request: AdapterCaptureRequest) -> AdapterCaptureRun:
     """Check the output can be written; read both adapters (LoRA only, safetensors unless --trust-pickle) and check
     they belong together (same LoRA settings, same tensor names and shapes, finite values); load the base model and
     check the adapter fits it; write Δ = client − global with the text and ``gleak.peft.*`` keys."""
+    if request.optimizer is not None and request.optimizer not in OPTIMIZERS:
+        raise GleakError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got '{request.optimizer}'")
     check_writable(request.output, request.force)
     m = request.model
     if m.path is None:

@@ -39,11 +39,10 @@ from gleak.attacks.text.prefix import PrefixInputs
 from gleak.attacks.tokens.adapters import LORA_NAME, lora_factors
 from gleak.attacks.tokens.inputs import (
     MAX_POSITIONS,
+    candidate_residuals,
     first_tokenwise,
     input_kind,
     module_inputs,
-    position_offset,
-    token_inputs,
 )
 from gleak.attacks.tokens.span import gap_threshold
 from gleak.attacks.tokens.spantest import SpanTest, lora_span, margin, weight_span
@@ -183,12 +182,7 @@ def layer_one_sets(model: nn.Module, group: ModuleGroup, vocab: int, positions: 
                    progress: Callable[[str], None] | None = None) -> tuple[list[list[int]], dict[str, Any]]:
     """T_p for each position p (one set for position-free inputs), ordered by residual; the threshold from the gap
     of all residuals, else the span's spectral threshold."""
-    dist = torch.empty(positions, vocab, dtype=torch.float64)
-    offset = position_offset(model, group.layer, vocab) if positions > 1 else 0
-    for p in range(positions):
-        dist[p] = group.test.residual(token_inputs(model, group.layer, vocab, p, offset))
-        if progress is not None and positions > 1:
-            progress(f"layer 1: position {p + 1}/{positions}")
+    dist = candidate_residuals(model, group.layer, vocab, positions, group.test.residual, progress)
     tau, ratio = gap_threshold(dist.flatten())
     source = "gap"
     if ratio < min_gap:
@@ -408,12 +402,11 @@ def rounding_reason(model: nn.Module, tensors: Mapping[str, torch.Tensor], spec:
     for path, layer in model.named_modules():
         name = f"{path}.weight"
         delta, weight = tensors.get(name), params.get(name)
-        if delta is None or weight is None or linear_gradient(layer, delta) is None or delta.dim() != 2:
+        g = linear_gradient(layer, delta) if delta is not None and delta.dim() == 2 else None
+        if g is None or weight is None:
             continue
-        if delta.dtype != torch.float32:
+        if g.dtype != torch.float32:
             return None
-        g = linear_gradient(layer, delta)
-        assert g is not None
         steps = max(1, spec.local_steps or 1)
         ulp = weight.detach().double().abs() * 2.0 ** -23
         sigma = math.sqrt(steps * float(ulp.square().mean()) / 12)

@@ -50,10 +50,9 @@ class Scorer:
     def __init__(self, model: nn.Module, layer: nn.Module, test: SpanTest) -> None:
         self.model, self.layer, self.test = model, layer, test
         self.calls = 0
-        self.worst = torch.empty(0, dtype=torch.float64)
 
-    def __call__(self, seqs: Sequence[Sequence[int]]) -> torch.Tensor:
-        """[N] mean residuals (the worst of each row is kept in :attr:`worst`)."""
+    def __call__(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """([N] mean residuals, [N] worst residuals)."""
         length = len(seqs[0])
         rows = max(1, CHUNK_TOKENS // length)
         out = torch.empty(len(seqs), length, dtype=torch.float64)
@@ -62,30 +61,30 @@ class Scorer:
             x = module_inputs(self.model, self.layer, ids)
             out[first:first + len(ids)] = self.test.residual(x.reshape(-1, x.shape[-1])).reshape(len(ids), length)
         self.calls += len(seqs)
-        self.worst = out.amax(1)
-        return out.mean(1)
+        return out.mean(1), out.amax(1)
 
 
 def coordinate_search(score: Scorer, options: list[list[int]], start: list[int], sweeps: int = 8
-                      ) -> tuple[list[int], float]:
-    """From ``start``, change one position at a time to the token that lowers the score most (every option of
-    that position scored at once), sweeping the positions until no change helps."""
+                      ) -> tuple[list[int], float, float]:
+    """From ``start``, change one position at a time to the token that lowers the mean residual most (every option
+    of that position scored at once), sweeping the positions until no change helps; (sequence, mean, worst)."""
     seq = list(start)
-    best = float(score([seq])[0])
+    means, worsts = score([seq])
+    best, worst = float(means[0]), float(worsts[0])
     for _ in range(sweeps):
         moved = False
         for p, opts in enumerate(options):
             trials = [[*seq[:p], v, *seq[p + 1:]] for v in opts if v != seq[p]]
             if not trials:
                 continue
-            dist = score(trials)
-            k = int(torch.argmin(dist))
-            if float(dist[k]) < best:
-                best, seq = float(dist[k]), trials[k]
+            means, worsts = score(trials)
+            k = int(torch.argmin(means))
+            if float(means[k]) < best:
+                best, worst, seq = float(means[k]), float(worsts[k]), trials[k]
                 moved = True
         if not moved:
             break
-    return seq, best
+    return seq, best, worst
 
 
 def similar(a: Sequence[int], b: Sequence[int]) -> bool:
@@ -117,16 +116,14 @@ def search(model: nn.Module, layer: nn.Module, test: SpanTest, sets: list[list[i
                 opts = cut_sets
         if math.prod(len(o) for o in opts) <= max_combinations:
             combos = [list(c) for c in itertools.product(*opts)]
-            dist = score(combos)
-            scored += [(float(d), float(w), c) for d, w, c in zip(dist.tolist(), score.worst.tolist(), combos,
-                                                                   strict=True)]
+            means, worsts = score(combos)
+            scored += list(zip(means.tolist(), worsts.tolist(), combos, strict=True))
             searched[n] = "all"
         else:  # every option stays open: one position at a time costs only its set's size
             for k in range(keep):
                 start = [o[min(k, len(o) - 1)] for o in opts]
-                seq, _ = coordinate_search(score, opts, start)
-                d = float(score([seq])[0])
-                scored.append((d, float(score.worst[0]), seq))
+                seq, mean, worst = coordinate_search(score, opts, start)
+                scored.append((mean, worst, seq))
             searched[n] = "coordinate"
         if progress is not None:
             progress(f"encoder: length {n}/{end}, {score.calls} sequences scored")

@@ -91,13 +91,17 @@ def input_kind(model: nn.Module, layer: nn.Module, vocab_size: int) -> InputKind
 
 
 def candidate_residuals(model: nn.Module, layer: nn.Module, vocab_size: int, positions: int,
-                        score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                        score: Callable[[torch.Tensor], torch.Tensor],
+                        progress: Callable[[str], None] | None = None) -> torch.Tensor:
     """``score`` (rows [N, d_in] -> [N] residuals) of every token's input to ``layer`` at each of ``positions``
-    positions: [positions, V] float64 (one row when the input does not depend on the position)."""
+    positions: [positions, V] float64 (one row when the input does not depend on the position); ``progress`` hears
+    of each position done."""
     out = torch.empty(positions, vocab_size, dtype=torch.float64)
     offset = position_offset(model, layer, vocab_size) if positions > 1 else 0
     for p in range(positions):
         out[p] = score(token_inputs(model, layer, vocab_size, p, offset))
+        if progress is not None and positions > 1:
+            progress(f"layer 1: position {p + 1}/{positions}")
     return out
 
 
