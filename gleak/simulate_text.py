@@ -8,8 +8,9 @@ the same length T (the truth holds exactly what the model saw). The model runs i
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -30,8 +31,10 @@ from gleak.defenses import apply_defenses
 from gleak.errors import GleakError
 from gleak.io import tensors_sha256
 from gleak.models.peft import LoraAdapter, LoraSpec, adapter_state, load_adapter_state, wrap_lora
+from gleak.models.text import text_limits
 from gleak.simulate import ClientConfig, _optimizer
 from gleak.text_data import TextData, tokenize
+from gleak.timebox import checkpoint
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -65,6 +68,24 @@ def refuse_image_options(config: ClientConfig) -> None:
             raise GleakError(message)
 
 
+@contextlib.contextmanager
+def interruptible(module: nn.Module) -> Iterator[None]:
+    """Ctrl-C inside a backward pass of ``module``: torch runs a CPU backward in C++ without returning to Python, so
+    a signal waits for the whole pass (8 s measured on a 2-core machine); a no-op hook on each trainable parameter
+    returns to Python as each gradient is made, where KeyboardInterrupt is raised (0.1 s). Gradients unchanged."""
+    handles = [p.register_hook(_no_op)  # type: ignore[no-untyped-call]  # torch: no hints
+               for p in module.parameters() if p.requires_grad]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _no_op(grad: torch.Tensor) -> None:
+    return None
+
+
 def _pick(n: int, config: ClientConfig) -> list[list[int]]:
     """Example indices per step (see the module's docstring)."""
     gen = torch.Generator().manual_seed(config.seed)
@@ -90,31 +111,36 @@ def _meta(config: ClientConfig) -> dict[str, Any]:
 
 
 def simulate_text_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig,
-                         options: TextClientOptions, device: torch.device | str = "cpu"
-                         ) -> tuple[Capture, TextTruth]:
-    """Run the text client on ``data`` from ``model`` (left unchanged); return the capture and its truth."""
-    capture, truth, _ = _text_client(model, tokenizer, data, config, options, None, torch.device(device))
+                         options: TextClientOptions, device: torch.device | str = "cpu",
+                         notices: list[str] | None = None) -> tuple[Capture, TextTruth]:
+    """Run the text client on ``data`` from ``model`` (left unchanged); return the capture and its truth. The
+    tokens are checked against the model first (:func:`gleak.text_data.tokenize`: its positions, vocabulary and pad
+    token; one line otherwise); what was done to fit them (truncation, the pad used) is appended to ``notices``."""
+    capture, truth, _ = _text_client(model, tokenizer, data, config, options, None, torch.device(device),
+                                     notices=notices)
     return capture, truth
 
 
 def simulate_lora_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig,
                          options: TextClientOptions, lora: LoraSpec, device: torch.device | str = "cpu",
-                         start: Mapping[str, torch.Tensor] | None = None) -> tuple[Capture, TextTruth, LoraAdapter]:
+                         start: Mapping[str, torch.Tensor] | None = None, notices: list[str] | None = None
+                         ) -> tuple[Capture, TextTruth, LoraAdapter]:
     """The text client fine-tuning a LoRA adapter on a causal LM (``model`` left unchanged): a fresh one drawn from
     ``config.seed``, or the global adapter ``start`` (peft's saved names) when given; only the adapter trains.
     Returns the capture of the adapter's gradient or update (docs/capture-format.md, "LoRA captures"), its truth,
-    and the global adapter it started from."""
+    and the global adapter it started from. Inputs are checked and ``notices`` filled as
+    :func:`simulate_text_client` does."""
     if options.task != "causal_lm":
         raise GleakError("--peft supports causal language models (*ForCausalLM, *LMHeadModel) for now")
     capture, truth, adapter = _text_client(model, tokenizer, data, config, options, lora, torch.device(device),
-                                           start)
+                                           start, notices)
     assert adapter is not None
     return capture, truth, adapter
 
 
 def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: ClientConfig, options: TextClientOptions,
-                 lora: LoraSpec | None, device: torch.device, start: Mapping[str, torch.Tensor] | None = None
-                 ) -> tuple[Capture, TextTruth, LoraAdapter | None]:
+                 lora: LoraSpec | None, device: torch.device, start: Mapping[str, torch.Tensor] | None = None,
+                 notices: list[str] | None = None) -> tuple[Capture, TextTruth, LoraAdapter | None]:
     """The one text client behind :func:`simulate_text_client` and :func:`simulate_lora_client`."""
     refuse_image_options(config)
     if config.batch_size > len(data):
@@ -125,13 +151,18 @@ def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: Clien
                          "\"label\" (class index) on every line")
     steps = _pick(len(data), config)
     flat = [i for step in steps for i in step]
-    batch = tokenize(tokenizer, [data.texts[i] for i in flat], options.max_length)
+    positions, vocab_size = text_limits(model)
+    batch = tokenize(tokenizer, [data.texts[i] for i in flat], options.max_length, positions=positions,
+                     vocab_size=vocab_size)
+    if notices is not None:
+        notices.extend(batch.notices)
     labels = torch.tensor([data.labels[i] for i in flat], dtype=torch.int64) if classify and data.labels else None
     if labels is not None and options.num_labels is not None and int(labels.max()) >= options.num_labels:
         raise GleakError(f"the data has label {int(labels.max())} but the model has {options.num_labels} classes")
     task_keys: dict[str, Any] = {
         "task": options.task, "tokenizer_sha256": options.tokenizer_sha256, "padding_side": batch.padding_side,
-        "max_length": options.max_length or int(batch.input_ids.shape[1]), "pad_token_id": batch.pad_token_id,
+        "max_length": batch.truncation if options.max_length else int(batch.input_ids.shape[1]),
+        "pad_token_id": batch.pad_token_id,
         "train_mode": options.train_mode}
     global_model = copy.deepcopy(model).to(device)
     base_sha256 = tensors_sha256(global_model.state_dict()) if lora is not None else ""
@@ -144,17 +175,20 @@ def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: Clien
     b = config.batch_size
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
     if config.kind == "gradient" and adapter is not None:
-        capture = capture_lora_gradients(global_model, ids, mask, None if labels is None else labels.to(device),
-                                         base_sha256=base_sha256, metadata=_meta(config), **task_keys)
+        with interruptible(global_model):
+            capture = capture_lora_gradients(global_model, ids, mask, None if labels is None else labels.to(device),
+                                             base_sha256=base_sha256, metadata=_meta(config), **task_keys)
     elif config.kind == "gradient":
-        capture = capture_token_gradients(global_model, ids, mask, None if labels is None else labels.to(device),
-                                          metadata=_meta(config), **task_keys)
+        with interruptible(global_model):
+            capture = capture_token_gradients(global_model, ids, mask, None if labels is None else labels.to(device),
+                                              metadata=_meta(config), **task_keys)
     else:
         local = copy.deepcopy(global_model).train(options.train_mode)
         anchor = {n: p.detach().clone() for n, p in global_model.named_parameters() if p.requires_grad}
         trainable = [p for p in local.parameters() if p.requires_grad]
         opt = _optimizer(trainable, config)
         for step in range(config.local_steps):
+            checkpoint(f"local step {step + 1}/{config.local_steps}")  # a twin batch under the audit's deadline
             rows = slice(step * b, (step + 1) * b)
             opt.zero_grad(set_to_none=True)
             logits = model_logits(local(input_ids=ids[rows], attention_mask=mask[rows]))
@@ -163,7 +197,8 @@ def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: Clien
             if config.scheme == "fedprox":
                 prox = sum(((p - anchor[n]) ** 2).sum() for n, p in local.named_parameters() if p.requires_grad)
                 loss = loss + config.mu / 2 * prox
-            torch.autograd.backward(loss)
+            with interruptible(local):
+                torch.autograd.backward(loss)
             opt.step()
         how: dict[str, Any] = {
             "learning_rate": config.learning_rate, "local_steps": config.local_steps, "batch_size": b,

@@ -22,8 +22,10 @@ SMOOTHING = ROOT / "samples/captures/smoothing_1.safetensors"
 
 # the module constants the options replaced, with their values before options existed
 OLD_DEFAULTS = {
-    "token-bag": {"method": "auto", "relative": 1e-6, "exclude": None, "min_gap": 10.0, "rho_threshold": None},
-    "next-tokens": {"exclude": None, "min_gap": 10.0},
+    # issue 44: min_gap (10) no longer decides by default (None: the widest ρ gap always does); first_block is new
+    "token-bag": {"method": "auto", "relative": 1e-6, "exclude": None, "min_gap": None, "rho_threshold": None,
+                  "first_block": True},
+    "next-tokens": {"exclude": None, "min_gap": None},
     "seq-length": {"relative": 1e-6},
     "lora-tokens": {"min_gap": 100.0},
     "dager": {"min_gap": 100.0, "span_gap": 10.0, "max_combinations": 20_000},

@@ -112,7 +112,10 @@ def test_without_truth_the_audit_measures_leakage_on_simulated_batches(gleak, tm
     assert conf["chosen"] in [a["attack"] for a in report["captures"][0]["attacks"]] + ["stacked"]
     off = json.loads(gleak("audit", cap, "-M", LENET, "--aux", MNIST_AUX, "--format", "json", "--confidence", "0")
                      .stdout)
-    assert [f["rule"] for f in off["findings"]] == ["GLEAK-LABELS-AGREE"]  # --confidence 0: agreement only
+    # --confidence 0: agreement only, and the labels were not assessed (no truth, no calibration): the gate fails
+    assert [(f["rule"], f["metric"]) for f in off["findings"]] == [("GLEAK-LABELS-AGREE", "agreement"),
+                                                                    ("GLEAK-NOT-ASSESSED", "labels")]
+    assert "--confidence above 0" in off["findings"][1]["title"]
 
 
 def test_uninformative_attacks_give_no_finding_and_a_notice() -> None:
@@ -250,7 +253,7 @@ def test_a_hostile_header_in_a_folder_is_not_a_crash(gleak, tmp_path: Path) -> N
     header = b"[" * 100_000 + b"]" * 100_000
     (folder / "deep.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
     shutil.copy(FEDSGD, folder / "good.safetensors")
-    r = gleak("audit", folder, "-M", LENET, "--format", "json")
+    r = gleak("audit", folder, "-M", LENET, "--format", "json", "--accept-unassessed")
     assert r.exit_code == 0, r.stderr  # the hostile file is not a capture; the good one (no truth) is audited
     assert [Path(c["capture"]["path"]).name for c in json.loads(r.stdout)["captures"]] == ["good.safetensors"]
 
@@ -301,7 +304,7 @@ def test_jobs_auto_hands_the_rest_to_workers_only_when_it_pays(monkeypatch, tmp_
     auto = run_audit([folder], [LENET], [], config, jobs=0)
     here = run_audit([folder], [LENET], [], config, jobs=1)
     assert auto.workers == workers and here.workers == 1 and auto.jobs == 0
-    assert auto.findings == here.findings and len(auto.findings) == 8
+    assert auto.findings == here.findings and len(auto.findings) == 16  # agreement and labels not assessed, each
     assert [c.capture.path for c in auto.captures] == [c.capture.path for c in here.captures]  # the same order
 
 
@@ -312,7 +315,8 @@ def test_bad_jobs_are_one_line(gleak) -> None:
 
 
 ENV_VALUES = {"budget": "quick", "fail_on": "low", "fail_rounds": "last:2", "format": "json", "executor": "local",
-              "address": "127.0.0.1:6379", "jobs": "2", "max_epsilon": "4.0"}
+              "address": "127.0.0.1:6379", "jobs": "2", "max_epsilon": "4.0", "accept_unassessed": "1",
+              "time_limit": "60"}
 
 
 def test_show_config_names_the_variable_each_setting_was_read_from(gleak, tmp_path: Path, monkeypatch) -> None:

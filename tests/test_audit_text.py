@@ -76,15 +76,51 @@ def test_a_text_capture_is_audited_in_every_format_without_its_text(text_capture
     assert "<h3>Tokens</h3>" in (out / "report.html").read_text()
 
 
-def test_without_truth_the_tokens_are_reported_not_scored(text_capture: tuple[Path, Path], tmp_path: Path) -> None:
+def test_without_truth_nor_aux_the_tokens_are_not_assessed_and_the_gate_never_passes(
+        text_capture: tuple[Path, Path], tmp_path: Path) -> None:
+    """Recovered but unscored tokens are no measurement: GLEAK-NOT-ASSESSED (high) names what --aux would give, the
+    verdict is INCONCLUSIVE (exit 1, whatever --fail-on); --accept-unassessed, or its variable, lets it pass."""
     captures, models = text_capture
     shutil.copy(captures / "client.safetensors", tmp_path / "client.safetensors")  # its truth left behind
     code, stdout, stderr = gleak("audit", tmp_path / "client.safetensors", "--model", models / "llama",
-                                 "--format", "json", "--fail-on", "low")
-    assert code == 0, stderr
+                                 "--format", "json", "--fail-on", "critical")
+    assert code == 1 and "INCONCLUSIVE" in stderr, stderr
     report = json.loads(stdout)
-    assert report["findings"] == [] and "NO_TRUTH" in {n["code"] for n in report["notices"]}
+    notes = {f["metric"]: f for f in report["findings"] if f["rule"] == "GLEAK-NOT-ASSESSED"}
+    assert notes["tokens"]["severity"] == "high" and "--aux" in notes["tokens"]["title"], notes
+    coverage = {c["threat"]: c["status"] for c in report["captures"][0]["coverage"]}
+    assert coverage["tokens"] == "not_assessed", coverage
+    assert "NO_TEXT_AUX" in {n["code"] for n in report["notices"]}
     assert any(t["tokens"] for t in report["captures"][0]["tokens"]) and not leaked(stdout)
+    for accept in (["--accept-unassessed"], []):
+        result = CliRunner().invoke(app, ["audit", str(tmp_path / "client.safetensors"), "--model",
+                                          str(models / "llama"), "--format", "table", *accept],
+                                    env={"COLUMNS": "200", "GLEAK_ACCEPT_UNASSESSED": "" if accept else "1"})
+        assert result.exit_code == 0, result.stderr
+        assert "PASS" in result.stdout and "not assessed, accepted" in result.stdout, result.stdout
+        assert "info GLEAK-NOT-ASSESSED" in result.stdout
+
+
+def test_with_aux_text_the_tokens_are_expected_from_twin_batches(text_capture: tuple[Path, Path],
+                                                                 tmp_path: Path) -> None:
+    """Without truth, with --aux text: twin batches simulated like the capture's, the token attacks run on them and
+    scored: GLEAK-TEXT-TOKENS-EXPECTED (high, never critical), the range over the twins, chance beside."""
+    captures, models = text_capture
+    shutil.copy(captures / "client.safetensors", tmp_path / "client.safetensors")
+    code, stdout, stderr = gleak("audit", tmp_path / "client.safetensors", "--model", models / "llama",
+                                 "--aux", models / "notes.txt", "--format", "json", "--accept-unassessed")
+    assert code == 1, stderr  # the expected token leak is high: it fails the gate, accepted or not
+    report = json.loads(stdout)
+    capture = report["captures"][0]
+    ex = capture["expected_tokens"]
+    assert ex["attack"] in ("token-bag", "union") and ex["twins"] == 2, ex
+    assert ex["recall"]["min"] >= 0.95 and ex["precision"]["min"] >= 0.95, ex  # untied LLaMA: the embedding rows
+    assert ex["chance_recall"]["mean"] < 0.5 and 0 <= ex["sensitive_recall"]["min"] <= 1
+    (finding,) = [f for f in report["findings"] if f["rule"] == "GLEAK-TEXT-TOKENS-EXPECTED"]
+    assert finding["severity"] == "high" and finding["measured"] == ex["recall"]["mean"], finding
+    assert "twin batches" in finding["title"] and "range" in finding["title"]
+    assert {c["threat"]: c["status"] for c in capture["coverage"]}["tokens"] == "assessed"
+    assert not leaked(stdout)
 
 
 def test_model_discovery_takes_hugging_face_folders(tmp_path: Path) -> None:
@@ -161,5 +197,28 @@ def test_a_lora_capture_without_truth_gets_the_expected_leak_from_twins_of_its_a
                          "-o", tmp_path / "c", "--fail-on", "none")
     assert code == 0, err
     report = json.loads((tmp_path / "c" / "report.json").read_text())
-    notices = {n["code"]: n["message"] for n in report["notices"]}
-    assert "NAME.adapter" in notices.get("TEXT_EXPECTED_SKIPPED", ""), notices
+    # without the global adapter nothing reads the update: the tokens are not assessed, and the finding says
+    # where the adapter belongs
+    titles = {f["metric"]: f["title"] for f in report["findings"] if f["rule"] == "GLEAK-NOT-ASSESSED"}
+    assert "c.adapter/" in titles.get("tokens", ""), titles
+
+
+def test_a_lora_capture_past_its_rank_is_never_a_pass(tmp_path: Path) -> None:
+    """LoRA r = 2 and a batch of 8 notes: every token attack refuses (the rank), so does DAGER; with --aux text and
+    no truth the gate says INCONCLUSIVE (exit 1) and names the rank, and no twin is simulated for nothing."""
+    pytest.importorskip("peft")
+    notes, llama, _ = build_notes_and_models(tmp_path)
+    capture = tmp_path / "caps" / "c.safetensors"
+    code, _, err = gleak("simulate", "--model", llama, "--data", notes, "-b", 8, "--max-length", 12, "--seed", 9,
+                         "--peft", "lora:r=2", "-o", capture)
+    assert code == 0, err
+    capture.with_name("c.truth.safetensors").unlink()
+    code, stdout, err = gleak("audit", capture, "--model", llama, "--aux", notes, "--format", "json")
+    assert code == 1 and "INCONCLUSIVE" in err, err
+    report = json.loads(stdout)
+    notes_by_threat = {f["metric"]: f["title"] for f in report["findings"] if f["rule"] == "GLEAK-NOT-ASSESSED"}
+    assert set(notes_by_threat) == {"tokens", "sentences"} and "rank" in notes_by_threat["tokens"], notes_by_threat
+    assert report["captures"][0]["stage_seconds"]["twins"] < 1.0  # nothing ran on the capture: no twin simulated
+    assert "expected_tokens" not in report["captures"][0]
+    skipped = {n["code"]: n["message"] for n in report["notices"]}
+    assert "twin batches would measure nothing" in skipped.get("TEXT_EXPECTED_SKIPPED", ""), skipped

@@ -143,7 +143,7 @@ def config_error(tmp_path: Path, text: str, name: str = "gleak.toml") -> str:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ('[audit]\nfail_on = "high"\n', "gleak.toml [audit]: unknown key 'fail_on'; did you mean 'fail-on'? (keys: budget, "
-                                    "fail-on,"),
+                                    "time-limit, fail-on,"),
     ('[audit]\nfailon = "high"\n', "unknown key 'failon'; did you mean 'fail-on'?"),
     ("[audit]\njobs = 0\n", "gleak.toml [audit] key 'jobs': must be ≥ 1, got 0"),
     ('[audit]\njobs = "two"\n', "gleak.toml [audit] key 'jobs': must be a whole number, got 'two'"),

@@ -17,6 +17,7 @@ from gleak.attacks.requirements import Requirements
 from gleak.errors import GleakError, shorten
 from gleak.registry import Configurable, resolve_options
 from gleak.report.model import Status
+from gleak.timebox import Deadline, OutOfTime, current, running
 
 if TYPE_CHECKING:
     from gleak.attacks.context import Context
@@ -121,6 +122,7 @@ class AttackResult:
     scores: dict[str, float] | None = None
     options: dict[str, Any] | None = None
     confidence: dict[str, Any] | None = None  # label attacks: calibrated intervals (attacks.labels.confidence)
+    out_of_time: bool = False  # failed because it reached its time share (gleak.timebox.OutOfTime)
 
     @property
     def labels(self) -> LabelOutput:
@@ -240,7 +242,11 @@ class Attack(Configurable, ABC):
 def run_attack(attack: Attack, ctx: Context, inputs: RunInputs = NO_INPUTS) -> AttackResult:
     """Check applicability (with ``inputs``), run with timing, attach soft-requirement warnings. Never raises:
     bad input is status ``failed``, an unexpected exception status ``error``, an :class:`Abstained` answer status
-    ``abstained``, each with a one-line reason."""
+    ``abstained``, each with a one-line reason.
+
+    The attack runs under the earlier of ``ctx.deadline`` and the deadline in force (:mod:`gleak.timebox`), named
+    after it: one that reaches it stops at its next checkpoint, status ``failed`` with ``out_of_time`` set and the
+    reason saying where it stopped."""
     try:
         options = attack.used_options().model_dump(mode="json")
     except GleakError as e:
@@ -250,8 +256,14 @@ def run_attack(attack: Attack, ctx: Context, inputs: RunInputs = NO_INPUTS) -> A
         return AttackResult(attack.name, "not_applicable", reason=reason, options=options)
     warnings = list(ctx.soft_warnings(attack.requires))
     start = time.perf_counter()
+    scope = earliest(ctx.deadline, current()).named(attack.name)
     try:
-        output = attack.run(ctx, inputs)
+        with running(scope):
+            scope.check("its start")
+            output = attack.run(ctx, inputs)
+    except OutOfTime as e:
+        return AttackResult(attack.name, "failed", time.perf_counter() - start, reason=str(e), warnings=warnings,
+                            options=options, out_of_time=True)
     except Abstained as e:
         return AttackResult(attack.name, "abstained", time.perf_counter() - start, reason=str(e), warnings=warnings,
                             options=options, confidence=e.confidence)
@@ -266,6 +278,15 @@ def run_attack(attack: Attack, ctx: Context, inputs: RunInputs = NO_INPUTS) -> A
     seconds = time.perf_counter() - start
     return AttackResult(attack.name, "ok", seconds, output=output, warnings=warnings + output.warnings,
                         options=options)
+
+
+def earliest(*deadlines: Deadline | None) -> Deadline:
+    """The deadline that ends first among those given (an unbounded one when none is)."""
+    given = [d for d in deadlines if d is not None]
+    bounded = [d for d in given if d.end is not None]
+    if bounded:
+        return min(bounded, key=lambda d: d.end if d.end is not None else 0.0)
+    return given[0] if given else Deadline.unbounded()
 
 
 LAYER_COPIES = 4  # the default working set: this many float64 copies of the [C, d] last-layer gradient

@@ -25,6 +25,7 @@ from gleak.io import tensors_sha256
 from gleak.losses import LossSpec
 from gleak.models import LastLayer, LoadedModel, find_last_layer, forward, guess_last_layer
 from gleak.models.modes import batch_norm_layers, batch_statistics, fixed_mode_reason
+from gleak.timebox import Deadline
 
 CHUNK = 1024
 NOT_TEXT = "needs a language model's capture (token batches); this capture is not one"
@@ -56,6 +57,7 @@ class Context:
     model_check: ModelCheck | None = None
     max_memory: int | None = None  # bytes an attack may add; one that needs more is skipped (--max-memory)
     text_model: TextModelSpec | None = None  # a language model's capture: what the token attacks read
+    deadline: Deadline | None = None  # when the attacks on this context must stop (gleak.timebox; run_attack)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -117,6 +119,13 @@ class Context:
         if problem:
             raise GleakError(problem)
         return replace(self, aux=aux, _cache={} if forward_cache is None else forward_cache)
+
+    def sharing(self, what: str, *, fraction: float | None = None, seconds: float | None = None) -> Context:
+        """This context with a share of its deadline for ``what`` (:meth:`gleak.timebox.Deadline.share`; the same
+        cached forwards); itself when it has no deadline."""
+        if self.deadline is None:
+            return self
+        return replace(self, deadline=self.deadline.share(what, fraction=fraction, seconds=seconds))
 
     def require_aux(self) -> Dataset:
         if self.aux is None:

@@ -5,6 +5,8 @@ Importing this package (and every command module) must not import torch: `gleak 
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
@@ -57,6 +59,18 @@ for _command in (inspect, attacks, defenses, simulate, capture, defend, labels, 
 app.command("train-generator", cls=GleakCommand)(train_generator)
 
 
+INTERRUPTED = 130  # the exit status after Ctrl-C (128 + SIGINT), as shells report it
+
+
 def main() -> None:
-    """The console script's entry point."""
-    app()
+    """The console script's entry point. After Ctrl-C (its one line already written) the process ends at once:
+    the interpreter's orderly shutdown with torch and transformers loaded takes seconds, and nothing is left to
+    write (outputs are written atomically, or not at all)."""
+    try:
+        app()
+    except SystemExit as e:
+        if e.code == INTERRUPTED:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(INTERRUPTED)
+        raise

@@ -20,6 +20,7 @@ from gleak.cli.common import (
     console,
     err_console,
     handle_errors,
+    plain_progress,
     print_json,
     requested_threads,
 )
@@ -70,7 +71,8 @@ def audit(
     hashes, sweep_report = HashCache(), checked.sweep  # each model file hashed once, for the sweep's check too
     if sweep is not None and sweep_report is not None:
         sweep_report = check_sweep_model(sweep, sweep_report, list(config.model), config, hashes)
-    report = _run(list(paths or []), config, output, show=not quiet and "table" in checked.formats, hashes=hashes)
+    with plain_progress(not quiet):  # off a terminal: a line at most every 30 s from inside the attacks
+        report = _run(list(paths or []), config, output, show=not quiet and "table" in checked.formats, hashes=hashes)
     if output is not None:
         from gleak.report.outputs import write_outputs
 
@@ -231,6 +233,8 @@ def _run(paths: list[Path], config: AuditConfig, output: Path | None, show: bool
             err_console.print(f"({i + 1}/{total}) {escape(str(path))}", soft_wrap=True, highlight=False)
 
         return audit_with(line)
+    from gleak.timebox import reporting
+
     with Progress(TextColumn("[bold]audit"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
         task = bar.add_task("", total=None)
@@ -238,4 +242,5 @@ def _run(paths: list[Path], config: AuditConfig, output: Path | None, show: bool
         def update(i: int, total: int, path: Path) -> None:
             bar.update(task, total=total, completed=i + 1, description=escape(path.name))
 
-        return audit_with(update)
+        with reporting(lambda text: bar.update(task, description=escape(text))):  # where the attacks are
+            return audit_with(update)

@@ -5,7 +5,7 @@ is imported inside the functions that need it (`apply_threads`, `resolve_device`
 
 Every option that more than one command takes is declared here once (``ModelOpt``, ``ArchOpt``, ``TruthOpt``,
 ``BatchSizeOpt``, ``LpipsOpt``, …): the commands annotate their parameters with these types, so the flag names,
-help and checks cannot drift apart. Help text is shown literally (``pip install 'gleak[ray]'`` keeps its brackets):
+help and checks cannot drift apart. Help text is shown literally (``pip install '.[ray]'`` keeps its brackets):
 ``GleakCommand`` and ``GleakGroup`` escape it for Rich when they render help, so no help string needs escaping."""
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def _placeholder(annotation: Any) -> str | None:
 @contextlib.contextmanager
 def _literal_help(command: Any, ctx: Any) -> Iterator[None]:
     """While help is rendered with Rich markup, the help texts of ``command``, its parameters and (for a group)
-    its commands are escaped, so that ``pip install 'gleak[ray]'`` and ``[tool.gleak]`` show as written instead
+    its commands are escaped, so that ``pip install '.[ray]'`` and ``[tool.gleak]`` show as written instead
     of being eaten as markup tags; the texts are restored afterwards. Do not escape help strings by hand."""
     saved: list[tuple[Any, str, str]] = []
 
@@ -442,6 +442,23 @@ def resolve_device(device: str) -> torch.device:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def plain_progress(show: bool = True, every: float | None = None) -> Iterator[None]:
+    """The progress of long work (:func:`gleak.timebox.checkpoint` lines: ``dager: position 37/150, 12 s``) as plain
+    lines on stderr, at most one every ``every`` seconds (default 30), when stderr is not a terminal (CI logs; a
+    terminal gets the commands' own bars). Nothing when ``show`` is False."""
+    if not show or err_console.is_terminal:
+        yield
+        return
+    from gleak.timebox import PROGRESS_EVERY, Throttled, reporting
+
+    def write(line: str) -> None:
+        err_console.print(escape(line), soft_wrap=True, highlight=False)
+
+    with reporting(Throttled(write, PROGRESS_EVERY if every is None else every)):
+        yield
 
 
 def parameter_source(ctx: Any, key: str) -> str | None:

@@ -34,6 +34,7 @@ from gleak.cli.common import (
     err_console,
     handle_errors,
     number,
+    plain_progress,
     print_json,
 )
 from gleak.errors import GleakError
@@ -68,7 +69,8 @@ def labels(
                                             "on this many batches simulated from --aux with the capture's settings: "
                                             "90 % count intervals, expected vs chance iAcc (0: off).")] = 0,
     format: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON report here (also when "
+                                                "no attack answers: it says why).")] = None,
     arch: ArchOpt = None,
     arch_kwargs: ArchKwargsOpt = None,
     trust_pickle: TrustPickleOpt = False,
@@ -109,11 +111,12 @@ def labels(
     if output is not None:
         check_writable(output, force)
     progress = (lambda name: err_console.print(f"[dim]running {name}…[/]", end="\r")) if verbose else None
-    report = run_labels(request, progress)
+    with plain_progress(not quiet):  # off a terminal: a line at most every 30 s
+        report = run_labels(request, progress)
     data = report.to_json()
     why = no_counts_reason(report)
-    if output is not None and why is None:  # before stdout: a failed write leaves one document (the error) there
-        write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)
+    if output is not None:  # also when no attack answered: it says why; before stdout: a failed write leaves one
+        write_text_atomic(output, json.dumps(data, indent=2) + "\n", force=force)  # document (the error) there
     if format == "json":
         print_json(data)
     elif not quiet or report.results:
@@ -121,7 +124,15 @@ def labels(
     if why is not None:
         from gleak.errors import ReportedError
 
-        raise ReportedError(f"{why} (reasons in the JSON report)" if format == "json" else f"{why} (reasons above)")
+        raise ReportedError(f"{why} ({_where_reasons(format, output)})")
+
+
+def _where_reasons(format: str, output: Path | None) -> str:
+    """Where the reasons of a run that recovered nothing are: the JSON report (stdout, the -o file) or the table."""
+    if output is None:
+        return "reasons in the JSON report" if format == "json" else "reasons above"
+    shown = "in the JSON report, also written to" if format == "json" else "above and in the JSON report"
+    return f"reasons {shown} {output}"
 
 
 def _print(report: LabelsReport | TokensReport) -> None:

@@ -35,6 +35,7 @@ from gleak.cli.common import (
     err_console,
     handle_errors,
     number,
+    plain_progress,
     print_json,
 )
 from gleak.errors import GleakError
@@ -191,7 +192,8 @@ def _reconstruct_text(capture: Path, output: Path, model: Path | None, attack: s
     if not quiet and format != "json" and err_console.is_terminal:
         def note(line: str) -> None:
             err_console.print(f"[dim]{line}[/]", end="\r")
-    report = run_text(request, note)
+    with plain_progress(not quiet):  # off a terminal: a line at most every 30 s
+        report = run_text(request, note)
     # a run that recovered nothing writes nothing (it exits 2): no empty metrics.json left to mistake for a result
     written = write_text_outputs(report, output, force) if report.status == "ok" else []
     if format == "json":
@@ -219,7 +221,8 @@ def _run_with_progress(request: ReconstructRequest, quiet: bool) -> ReconstructR
     # a bar only on a terminal: logs (CI) get no redraw residue, and a failed run prints just its error line (no
     # Progress at all otherwise: Rich before 14.3 prints an empty line when a disabled bar stops)
     if quiet or not err_console.is_terminal:
-        return run_reconstruct(request)
+        with plain_progress(not quiet):  # off a terminal: a line at most every 30 s
+            return run_reconstruct(request)
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task("reconstruct", total=None, loss="—")
 

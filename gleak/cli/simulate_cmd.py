@@ -21,8 +21,10 @@ from gleak.cli.common import (
     TrustRemoteCodeOpt,
     VerboseOpt,
     console,
+    err_console,
     handle_errors,
     number,
+    plain_progress,
 )
 from gleak.errors import GleakError
 
@@ -86,10 +88,11 @@ def simulate(
                                                     "(BatchNorm, Dropout); default: train for images, eval for text.",
                                                     show_default=False)] = None,
     max_length: Annotated[int | None, typer.Option("--max-length", help="Text: truncate each example to this many "
-                                                   "tokens.", callback=number(1, MAX_LENGTH))] = None,
-    peft: Annotated[str | None, typer.Option("--peft", help="Text: train a fresh LoRA adapter only, "
-                                             "lora[:r=8,alpha=8,target=q_proj+v_proj,dropout=0]; writes the global "
-                                             "adapter to NAME.adapter/ beside the capture.")] = None,
+                                                   "tokens, at most the model's positions (default: its positions).",
+                                                   callback=number(1, MAX_LENGTH))] = None,
+    peft: Annotated[str | None, typer.Option("--peft", help="Text: train a fresh LoRA adapter only (the syntax is "
+                                             "above); writes the global adapter to NAME.adapter/ beside the "
+                                             "capture.")] = None,
     defense: Annotated[list[str] | None, typer.Option("--defense", help="A defense the client applies, "
                                                       "NAME[:KEY=VALUE,...] (repeatable, in order; dpsgd trains with "
                                                       "DP-SGD through Opacus; gleak defenses lists them).")] = None,
@@ -100,7 +103,12 @@ def simulate(
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Simulate a client step (or steps) on real data; write a capture and its ground truth."""
+    """Simulate a client step (or steps) on real data; write a capture and its ground truth.
+
+    A language model trains in full, or only a fresh LoRA adapter with
+    --peft lora:r=R[,alpha=A,target=M1+M2,dropout=P]
+    (defaults: r 8, alpha 8, dropout 0, and peft's target modules for the
+    model type; several target modules are joined by +)."""
     from gleak.defenses import parse_defense
     from gleak.models.peft import parse_lora_spec
     from gleak.runs.inputs import ModelSpec
@@ -118,7 +126,10 @@ def simulate(
                         trust_remote_code=trust_remote_code), data=data,
         config=config, output=output, no_truth=no_truth, device=device, force=force, max_length=max_length,
         train_mode=train_mode, peft=None if peft is None else parse_lora_spec(peft))
-    run = run_simulate(request)
+    with plain_progress(not quiet):  # a long FedAvg client: a line every 30 s when stderr is not a terminal
+        run = run_simulate(request)
+    for notice in run.notices:  # even with --quiet: what was done to the client's data to fit the model
+        err_console.print(f"notice: {notice}", soft_wrap=True, markup=False)
     if not quiet:
         _print_summary(run, request)
 

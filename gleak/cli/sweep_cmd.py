@@ -38,12 +38,8 @@ if TYPE_CHECKING:
     from gleak.report.model import SweepReport
     from gleak.runs.sweep import SweepRequest
 
-SWEEP_DEFENSE_HELP = ("NAME[:KEY=VALUE,...]=V1,V2,...: a defense, the options it keeps fixed and the values of its "
-                      "strength option (gleak defenses marks it), e.g. gaussian=1e-3,1e-2,1e-1, "
-                      "topk:scope=global=0.9,0.99, dpsgd:epsilon=0.5,1,2 (target ε) or "
-                      "dpsgd:max_grad_norm=1=0.5,1,2 (noise multiplier); the values are the text after the last '=' "
-                      "when it is a list of numbers and what precedes it is a whole NAME[:KEY=VALUE,...]. Without "
-                      "values: one point (sign has no strength). Repeatable, one per defense.")
+SWEEP_DEFENSE_HELP = ("A defense, the options it keeps fixed and the values of its strength option: the syntax "
+                      "and examples are above. Repeatable, one per defense.")
 
 
 @handle_errors
@@ -103,7 +99,17 @@ def sweep(
     verbose: VerboseOpt = False,
 ) -> None:
     """Measure leakage against defense strength: simulate clients on real data, apply each defense at each strength
-    (and none), attack, score against the truth; a table, plots and sweep.json."""
+    (and none), attack, score against the truth; a table, plots and sweep.json.
+
+    --defense NAME[:KEY=VALUE,...]=V1,V2,... names a defense, the options it
+    keeps fixed and the values of its strength option (gleak defenses marks
+    it). The values are the text after the last '=' when it is a list of
+    numbers and what precedes it is a whole NAME[:KEY=VALUE,...]; without
+    values, one point (sign has no strength). For example:
+      --defense gaussian=1e-3,1e-2,1e-1
+      --defense topk:scope=global=0.9,0.99
+      --defense dpsgd:epsilon=0.5,1,2            (target ε)
+      --defense dpsgd:max_grad_norm=1=0.5,1,2    (noise multiplier)"""
     from gleak.attacks.registry import parse_option_assignments
     from gleak.report.sweep_io import MARKDOWN_FILE, REPORT_FILE, write_sweep
     from gleak.runs.inputs import ModelSpec

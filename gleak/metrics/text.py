@@ -37,6 +37,8 @@ from typing import Any, TypedDict, overload
 
 import numpy as np
 
+from gleak.errors import GleakError
+
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 #: the per-reference scores averaged into the means (``rouge2``, ``exact_up_to_last``: references of ≥ 2 tokens)
 PAIR_SCORES = ("rouge1", "rouge2", "rougeL", "exact", "exact_up_to_last", "token_accuracy")
@@ -60,7 +62,12 @@ class _Rouge:
     """One ``RougeScorer`` per call, over strings of token ids."""
 
     def __init__(self) -> None:
-        from rouge_score import rouge_scorer  # the text extra; nltk comes with it, so only when scoring
+        try:
+            from rouge_score import rouge_scorer  # the text extra; nltk comes with it, so only when scoring
+        except ImportError:
+            from gleak.models.text import EXTRA_HINT
+
+            raise GleakError(f"scoring recovered text needs the rouge-score package: {EXTRA_HINT}") from None
 
         tokenizer = _IdTokenizer()
         self.all = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=False, tokenizer=tokenizer)

@@ -30,7 +30,8 @@ from gleak.io import check_input_file, read_json_input, show
 if TYPE_CHECKING:
     from torch import nn
 
-EXTRA_HINT = "install the text extra: pip install 'gleak[text]'"
+EXTRA_HINT = ("install the text extra from the gleak clone (gleak is on no package index): pip install '.[text]' "
+              "into gleak's environment, or uv tool install '.[text]' for the command")
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -253,6 +254,27 @@ def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")  # config.json's longest sequence, first found
+
+
+def text_limits(module: Any) -> tuple[int | None, int | None]:
+    """(positions, vocabulary) of a transformers model: the longest sequence its config allows (``n_positions``,
+    ``max_position_embeddings`` or ``n_ctx``; None when it names none) and the rows of its input embedding (the
+    token ids it can look up; None without one). The text inputs are checked against both before any forward pass
+    (:func:`gleak.text_data.tokenize`)."""
+    config = getattr(module, "config", None)
+    positions = None
+    for key in POSITION_KEYS:
+        value = _int_or_none(getattr(config, key, None))
+        if value is not None and value > 0:
+            positions = value
+            break
+    get = getattr(module, "get_input_embeddings", None)
+    embeddings = get() if callable(get) else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    return positions, int(rows) if isinstance(rows, int) else None
+
+
 def describe(module: Any, task: str, architecture: str, folder: Path | None) -> TextModelInfo:
     """The :class:`TextModelInfo` of a loaded transformers model (and its folder's tokenizer, when given)."""
     config = module.config
@@ -263,16 +285,10 @@ def describe(module: Any, task: str, architecture: str, folder: Path | None) -> 
         data = read_json_input(tok_config, "tokenizer config") if tok_config.is_file() else {}
         if isinstance(data, dict) and data.get("padding_side") in ("left", "right"):
             padding_side = str(data["padding_side"])
-    max_positions = None
-    for key in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = _int_or_none(getattr(config, key, None))
-        if value is not None:
-            max_positions = value
-            break
-    embeddings = module.get_input_embeddings()
+    max_positions, vocab_size = text_limits(module)
     return TextModelInfo(
         task=task, model_type=str(config.model_type), architecture=architecture,
-        vocab_size=int(embeddings.num_embeddings) if embeddings is not None else int(config.vocab_size),
+        vocab_size=vocab_size if vocab_size is not None else int(config.vocab_size),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         max_positions=max_positions, pad_token_id=pad,
         bos_token_id=_int_or_none(getattr(config, "bos_token_id", None)),

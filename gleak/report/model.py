@@ -83,6 +83,9 @@ class AttackEntry(_Model):
                                                   "similarity, distractors, lineup source, ranks, matched)")
 
 
+NOT_ASSESSED = "GLEAK-NOT-ASSESSED"  # a threat that applies to a capture and that no attack could measure
+
+
 class Finding(_Model):
     """A leak measured against a documented threshold."""
 
@@ -133,12 +136,31 @@ class SentenceResult(_Model):
     reason: str | None = None
     seconds: float
     sequences: int = Field(0, description="sequences recovered")
-    exact: int = Field(0, description="sequences that passed every exactness test")
+    exact: int = Field(0, description="sequences with every token proven by the attack's tests")
+    exact_up_to_last: int = Field(0, description="sequences with every token but the last proven (exact ones "
+                                  "included)")
     scores: dict[str, float] | None = Field(None, description="against the truth: rouge1, rouge2, rougeL, "
                                             "exact_match, exact_up_to_last, token_accuracy, with chance_ values")
     expected: dict[str, Any] | None = Field(None, description="without truth, with --aux text: the mean scores of "
                                             "the same attack on twin batches drawn from it (twins, rouge1, "
                                             "exact_match, chance_rouge1, aux)")
+
+
+Threat = Literal["labels", "images", "tokens", "sentences"]
+"""What a capture can give away: an image classifier's labels and images; a language model's tokens (the batch's
+bag of tokens) and sentences (its sequences in order)."""
+
+
+class ThreatCoverage(_Model):
+    """Whether the audit measured one threat of a capture: ``assessed`` (scored against the truth, expected from
+    twin batches or calibrated simulations, or implied: no token leaks, so no sentence does), ``not_assessed`` (no
+    attack could measure it: the reason says why; a GLEAK-NOT-ASSESSED finding), or ``outside_budget`` (the
+    budget plans no attack for it: the quick budget reconstructs no images unless an analytic inversion applies)."""
+
+    threat: Threat
+    status: Literal["assessed", "not_assessed", "outside_budget"]
+    by: str | None = Field(None, description="how it was measured: the attack, and truth / expected / implied")
+    reason: str | None = Field(None, description="why it was not assessed (one line)")
 
 
 class CaptureReport(_Model):
@@ -181,13 +203,19 @@ class CaptureReport(_Model):
     sentences: SentenceResult | None = Field(None, description="a language model's capture: the sentence "
                                              "reconstruction (DAGER), scored against the truth or, without it, "
                                              "expected from twin batches of --aux text; absent for other captures")
+    expected_tokens: dict[str, Any] | None = Field(None, description="a language model's capture without truth, "
+                                                   "with --aux text: the token attacks on twin batches simulated like "
+                                                   "this capture's, scored (attack, twins, recall, precision, "
+                                                   "sensitive_recall: mean, min and max over the twins, with chance)")
+    coverage: list[ThreatCoverage] | None = Field(None, description="each threat that applies to the capture and "
+                                                  "whether the audit measured it (GLEAK-NOT-ASSESSED when not)")
 
     @model_serializer(mode="wrap")
     def _without_absent_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """``tokens`` and ``sentences`` are left out of the JSON of a capture that has none (every image capture's
         report keeps its bytes)."""
         data: dict[str, Any] = handler(self)
-        for key in ("tokens", "sentences"):
+        for key in ("tokens", "sentences", "expected_tokens"):
             if data.get(key, ...) is None:
                 del data[key]
         return data
@@ -324,6 +352,8 @@ class Report(_Model):
     findings: list[Finding] = Field(default_factory=list)
     notices: list[Notice] = Field(default_factory=list)
     run: RunView | None = Field(None, description="captures grouped by round and client, when any records one")
+    accept_unassessed: bool = Field(False, description="--accept-unassessed: threats no attack could measure do not "
+                                    "fail the gate (their GLEAK-NOT-ASSESSED findings are info)")
     seconds: float = 0.0
 
     def worst(self) -> Severity | None:
@@ -335,10 +365,28 @@ class Report(_Model):
     def failed(self) -> bool:
         """Whether a finding is at or above ``fail_on`` (never with ``none``) in the rounds ``fail_rounds`` names:
         any round; the last K rounds (captures without a round always count); or every round (a leak throughout).
-        Without round metadata every scope is ``any``."""
+        Without round metadata every scope is ``any``. A threat not assessed (GLEAK-NOT-ASSESSED) fails it too, at
+        any ``fail_on`` but ``none``, unless ``accept_unassessed``."""
         if self.fail_on == "none":
             return False
-        failing = {f.capture for f in self.findings if severity_rank(f.severity) >= severity_rank(self.fail_on)}
+        return self._gates({f.capture for f in self.findings if self._at_gate(f) or self._unassessed(f)})
+
+    def inconclusive(self) -> bool:
+        """Whether the gate fails only because threats were not assessed (GLEAK-NOT-ASSESSED): no leak found at the
+        gate, and none ruled out either. Such findings fail the gate whatever ``fail_on`` (bar ``none``), unless
+        ``accept_unassessed``."""
+        if not self.failed():
+            return False
+        return not self._gates({f.capture for f in self.findings if self._at_gate(f) and f.rule != NOT_ASSESSED})
+
+    def _at_gate(self, finding: Finding) -> bool:
+        return severity_rank(finding.severity) >= severity_rank(self.fail_on)
+
+    def _unassessed(self, finding: Finding) -> bool:
+        return finding.rule == NOT_ASSESSED and not self.accept_unassessed
+
+    def _gates(self, failing: set[str]) -> bool:
+        """Whether findings of these captures fail the gate in the rounds ``fail_rounds`` names."""
         rounds = sorted({c.round for c in self.captures if c.round is not None})
         if self.fail_rounds == "any" or not rounds:
             return bool(failing)
@@ -522,11 +570,15 @@ class TokensReport(CommandReport):
 
 
 class RecoveredSequence(_Model):
-    """One sequence a text reconstruction recovered: its token ids, whether it passed every exactness test, where
-    its last token came from; its text only with ``--show-text``."""
+    """One sequence a text reconstruction recovered: its token ids, whether every token (``exact``) or every token
+    but the last (``exact_up_to_last``) passed the attack's tests, where its last token came from; its text only
+    with ``--show-text``."""
 
     token_ids: list[int]
-    exact: bool = Field(description="passed every test of the attack (DAGER: each position in the second-block span)")
+    exact: bool = Field(description="every token proven by the attack's tests (DAGER: each position in the "
+                        "second-block span, and a last token from the LM head only when its solve is exact)")
+    exact_up_to_last: bool = Field(False, description="every token but the last proven (DAGER on a causal LM: the "
+                                   "last token is read by no span; it is solved from the LM head or missing)")
     last_from_head: bool = Field(False, description="the last token was solved from the LM head's gradient")
     matched_truth: int | None = Field(None, description="the truth sequence it is matched to (one-to-one, by "
                                       "ROUGE-1), when scored")

@@ -2,20 +2,23 @@
 round from which leakage stays at chance; and the notices, identical ones grouped. Every format (console, HTML,
 Markdown, the CLI's one-line summary) reads these, so they say the same thing.
 
-The status is ``ERROR`` when a capture could not be audited, ``FAIL`` when a finding reaches the gate, ``GATE OFF``
-under ``--fail-on none`` (the report still names its worst finding: it is never a green PASS), else ``PASS``."""
+The status is ``ERROR`` when a capture could not be audited, ``FAIL`` when a finding reaches the gate,
+``INCONCLUSIVE`` when only threats that no attack could measure (GLEAK-NOT-ASSESSED) fail it — no leak found, none
+ruled out — ``GATE OFF`` under ``--fail-on none`` (the report still names its worst finding: it is never a green
+PASS), else ``PASS`` (which names the threats left unassessed under ``--accept-unassessed``, and those outside the
+budget)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from gleak.report.model import SEVERITIES, Notice, Report, RunView, severity_rank
+from gleak.report.model import NOT_ASSESSED, SEVERITIES, Notice, Report, RunView, severity_rank
 from gleak.report.privacy import short_number
 from gleak.report.run_privacy import largest_epsilon
 from gleak.report.run_view import clear_text, gate_text
 
-Status = Literal["ERROR", "FAIL", "GATE OFF", "PASS"]
+Status = Literal["ERROR", "FAIL", "INCONCLUSIVE", "GATE OFF", "PASS"]
 MIN_RUN_CAPTURES = 2  # a single capture gets no run section, whatever rounds it records
 
 
@@ -38,6 +41,7 @@ def verdict(report: Report) -> Verdict:
     counts: dict[str, int] = {s: n for s in reversed(SEVERITIES)
                               if (n := sum(f.severity == s for f in report.findings))}
     total = len(report.findings)
+    unassessed = [f.metric or "?" for f in report.findings if f.rule == NOT_ASSESSED]
     findings = f"{total} finding{'s' if total != 1 else ''}"
     gated = 0 if report.fail_on == "none" else sum(
         1 for f in report.findings if severity_rank(f.severity) >= severity_rank(report.fail_on))
@@ -47,16 +51,44 @@ def verdict(report: Report) -> Verdict:
         headline = f"{bad} of {len(report.captures)} capture(s) could not be audited" + (
             f"; {gated} finding{'s' if gated != 1 else ''} at the gate ({gate_text(report)}), worst {worst}"
             if gated else "")
+    elif report.inconclusive():
+        status = "INCONCLUSIVE"
+        them = "them" if len(unassessed) > 1 else "it"
+        headline = (f"{_threats(unassessed)} not assessed: no attack could measure {them}, so the gate cannot pass "
+                    "(--accept-unassessed lets it); no other finding at the gate")
     elif report.failed():
         status = "FAIL"
-        headline = f"{gated} finding{'s' if gated != 1 else ''} at the gate ({gate_text(report)}); worst {worst}"
+        headline = (f"{gated} finding{'s' if gated != 1 else ''} at the gate ({gate_text(report)}); worst {worst}"
+                    + (f"; {_threats(unassessed)} not assessed" if unassessed else ""))
     elif report.fail_on == "none":
         status = "GATE OFF"
         headline = f"nothing fails under --fail-on none; worst finding {worst or 'none'}"
     else:
         status = "PASS"
         headline = f"no finding at the gate ({gate_text(report)})" + (f"; worst {worst} ({findings})" if worst else "")
+        if unassessed:
+            headline += f"; {_threats(unassessed)} not assessed, accepted (--accept-unassessed)"
+    outside = _outside_budget(report)
+    if outside and status in ("PASS", "GATE OFF"):
+        headline += f"; {outside}"
     return Verdict(status, worst, counts, headline, run_line(report))
+
+
+def _threats(findings: list[str]) -> str:
+    """'2 threats (tokens, sentences)' / '1 threat (tokens)' from the threats named by GLEAK-NOT-ASSESSED findings."""
+    names = sorted(set(findings), key=findings.index)
+    return f"{len(findings)} threat{'s' if len(findings) != 1 else ''} ({', '.join(names)})"
+
+
+def _outside_budget(report: Report) -> str:
+    """'images of 3 captures outside budget quick (--budget standard reconstructs them)', or ''."""
+    outside = [t.threat for c in report.captures for t in c.coverage or [] if t.status == "outside_budget"]
+    if not outside:
+        return ""
+    threats = ", ".join(sorted(set(outside)))
+    n = len(outside)
+    return (f"{threats} of {n} capture{'s' if n != 1 else ''} outside budget {report.budget} (--budget standard "
+            "measures them)")
 
 
 def has_run(report: Report) -> bool:

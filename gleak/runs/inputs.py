@@ -16,10 +16,11 @@ from gleak.attacks import Context, build_context
 from gleak.capture import TextTruth, Truth, load_capture, load_text_truth, load_truth, truth_path_for
 from gleak.data import Dataset, load_dataset
 from gleak.errors import TRUTH_CONTRADICTION, GleakError
-from gleak.io import companion_exists
+from gleak.io import companion_exists, show
 from gleak.losses import LossSpec
 from gleak.models import LoadedModel, load_model
 from gleak.report.model import ModelMode
+from gleak.text_data import check_token_batch_fits
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -141,6 +142,9 @@ def open_inputs(spec: InputSpec) -> Inputs:
     truth_file = spec.truth_file()
     if ctx.text_model is not None:
         text_truth = load_text_truth(truth_file, cap) if truth_file is not None else None
+        if text_truth is not None and truth_file is not None:
+            check_token_batch_fits(text_truth.input_ids, text_truth.attention_mask, ctx.text_model.vocab_size,
+                                   ctx.text_model.n_positions, f"ground truth {show(truth_file)}")
         return Inputs(spec, ctx, None, truth_file, text_truth)
     truth = load_truth(truth_file, cap) if truth_file is not None else None
     if truth is not None:

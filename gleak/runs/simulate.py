@@ -3,7 +3,7 @@ capture and its ground truth — both files or neither."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gleak.capture import Capture, TextTruth, Truth, save_capture, save_text_truth, save_truth, truth_path_for
@@ -100,6 +100,7 @@ class SimulateRun:
     truth: Truth | TextTruth
     written: list[Path]
     adapter: LoraAdapter | None = None  # with --peft: the global adapter, written to SimulateRequest.adapter_path
+    notices: list[str] = field(default_factory=list)  # text: what fitting the model took (truncation, the pad used)
 
     @property
     def label_counts(self) -> list[tuple[int, int]]:
@@ -130,8 +131,9 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
     capture: Capture
     truth: Truth | TextTruth
     adapter: LoraAdapter | None = None
+    notices: list[str] = []
     if loaded.metadata.get("gleak.modality") == "text" or is_text_data(request.data):
-        capture, truth, adapter = _simulate_text(request, loaded)
+        capture, truth, adapter = _simulate_text(request, loaded, notices)
     else:
         if request.max_length is not None or request.peft is not None:
             flag = "--max-length" if request.max_length is not None else "--peft"
@@ -156,12 +158,14 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
         written = out.commit()
     if request.adapter_path is not None:
         written.append(request.adapter_path)
-    return SimulateRun(capture, truth, written, adapter)
+    return SimulateRun(capture, truth, written, adapter, notices)
 
 
-def _simulate_text(request: SimulateRequest, loaded: LoadedModel
+def _simulate_text(request: SimulateRequest, loaded: LoadedModel, notices: list[str]
                    ) -> tuple[Capture, TextTruth, LoraAdapter | None]:
-    """A language model's client on text data: both must be text (one line otherwise)."""
+    """A language model's client on text data: both must be text (one line otherwise). A ``--max-length`` beyond
+    the model's positions is refused; longer lines without it are truncated to the positions (a notice says so);
+    the tokens are checked against the model before any forward pass (:func:`gleak.text_data.tokenize`)."""
     if loaded.metadata.get("gleak.modality") != "text":
         raise GleakError(f"text data ({request.data.suffix}) needs a language model: pass a Hugging Face model folder "
                          "(config.json, model.safetensors and the tokenizer's files) as --model")
@@ -169,15 +173,20 @@ def _simulate_text(request: SimulateRequest, loaded: LoadedModel
         raise GleakError(f"a language model trains on text: pass --data FILE.txt (one example per line) or "
                          f"FILE.jsonl (objects with a \"text\" field), not {request.data.name}")
     assert request.model.path is not None
+    meta = loaded.metadata
+    positions = int(meta["gleak.max_positions"]) if "gleak.max_positions" in meta else None
+    if request.max_length is not None and positions is not None and request.max_length > positions:
+        raise GleakError(f"--max-length {request.max_length:,} is more than the model's {positions:,} positions "
+                         f"(config.json); give at most {positions:,}")
     tokenizer = load_tokenizer(request.model.path, request.model.trust_remote_code)
     data = load_text_data(request.data)
-    meta = loaded.metadata
     options = TextClientOptions(
         task=meta.get("gleak.task", "causal_lm"), max_length=request.max_length,
         train_mode=bool(request.train_mode), tokenizer_sha256=meta.get("gleak.tokenizer.sha256"),
         num_labels=int(meta["gleak.num_labels"]) if "gleak.num_labels" in meta else None)
     device = resolve_device(request.device)
     if request.peft is not None:
-        return simulate_lora_client(loaded.module, tokenizer, data, request.config, options, request.peft, device)
-    capture, truth = simulate_text_client(loaded.module, tokenizer, data, request.config, options, device)
+        return simulate_lora_client(loaded.module, tokenizer, data, request.config, options, request.peft, device,
+                                    notices=notices)
+    capture, truth = simulate_text_client(loaded.module, tokenizer, data, request.config, options, device, notices)
     return capture, truth, None

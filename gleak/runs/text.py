@@ -20,7 +20,8 @@ from gleak import __version__
 from gleak.attacks.base import RunInputs, TextOutput, run_attack
 from gleak.attacks.plan import select_attacks
 from gleak.attacks.registry import resolve_assignments
-from gleak.attacks.tokens.view import is_lora_only
+from gleak.attacks.text.dager import UNSURE
+from gleak.attacks.tokens.view import TextModelSpec, is_lora_only
 from gleak.capture import TextTruth
 from gleak.errors import GleakError
 from gleak.io import OutputSet
@@ -30,6 +31,7 @@ from gleak.runs.tokens import token_decoder
 
 TEXT_OUTPUTS = ("metrics.json", "sequences.txt")
 AUTO = "dager"
+RECOMPUTED = 1e-6  # a float32 gradient recomputed from the right batch: its relative distance to the capture's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,10 +81,11 @@ def run_text(request: TextRequest, note: Callable[[str], None] | None = None) ->
         if truth is not None:
             scores, pairs = score_sequences(out.sequences, truth, spec.vocab_size)
         last = out.diagnostics.get("last_from_head") or [False] * len(out.sequences)
+        exact, up_to_last = sequence_exactness(out, spec)
         for k, seq in enumerate(out.sequences):
             pair = pairs[k] if k < len(pairs) else {}
             sequences.append(RecoveredSequence(
-                token_ids=list(seq), exact=bool(out.exact[k]) if k < len(out.exact) else False,
+                token_ids=list(seq), exact=exact[k], exact_up_to_last=up_to_last[k],
                 last_from_head=bool(last[k]), matched_truth=pair.get("truth"), scores=pair.get("scores"),
                 text=_join(decode, seq) if decode is not None else None))
     diagnostics = {k: v for k, v in (out.diagnostics if out is not None else {}).items() if k != "last_from_head"}
@@ -95,6 +98,34 @@ def run_text(request: TextRequest, note: Callable[[str], None] | None = None) ->
         truth_sequences=len(truth) if truth is not None else None, scores=scores, model_check=ctx.model_check,
         diagnostics=_plain(diagnostics), warnings=list(result.warnings), show_text=request.show_text,
         threads=torch.get_num_threads())
+
+
+def sequence_exactness(out: TextOutput, spec: TextModelSpec) -> tuple[list[bool], list[bool]]:
+    """Per recovered sequence, whether every token is proven (``exact``) and whether every token but the last is
+    (``exact_up_to_last``). The attack's own flag says that its tests passed at every position they read. On a
+    causal LM, DAGER's spans read every token but the last, which is an input to no loss term (METHODS-text §1.1):
+    the flag then proves the sequence up to its last token, and the whole sequence only when that token came from
+    an exact solve of the LM head (§2.3) — an untied head's gradient (FedSGD), its solved weight within
+    :data:`~gleak.attacks.text.dager.UNSURE` of 1 — or from a tied head's best guess that the batch's embedding
+    gradient, recomputed with it, confirms (relative distance to the capture's within float32 rounding,
+    :data:`RECOMPUTED`). A multi-step update's head is no single gradient, and a missing last token is missing.
+    Elsewhere (encoders, classifiers: every position tested; the optimisation baseline: none) the flag is both."""
+    n = len(out.sequences)
+    flags = [bool(out.exact[k]) if k < len(out.exact) else False for k in range(n)]
+    last = out.diagnostics.get("last_from_head")
+    if spec.task != "causal_lm" or last is None:
+        return flags, list(flags)
+    weights = out.diagnostics.get("last_token_scores") or []
+    distance = out.diagnostics.get("last_tokens_distance")
+    if spec.kind != "gradient":
+        proven = [False] * n
+    elif spec.tie_word_embeddings:  # the whole batch's gradient recomputed: all of its last tokens, or none
+        confirmed = isinstance(distance, list | tuple) and len(distance) == 2 and float(distance[1]) <= RECOMPUTED
+        proven = [confirmed and k < len(last) and bool(last[k]) for k in range(n)]
+    else:
+        proven = [k < len(last) and bool(last[k]) and k < len(weights) and abs(float(weights[k]) - 1.0) <= UNSURE
+                  for k in range(n)]
+    return [f and p for f, p in zip(flags, proven, strict=True)], flags
 
 
 def score_sequences(predicted: Sequence[Sequence[int]], truth: Sequence[Sequence[int]], vocab_size: int
@@ -126,6 +157,11 @@ def _plain(values: Mapping[str, Any]) -> dict[str, Any]:
     return plain
 
 
+def exactness_word(seq: RecoveredSequence) -> str:
+    """``exact``, ``to-last`` (exact up to the last token) or ``approx``: a sequence's column in sequences.txt."""
+    return "exact" if seq.exact else "to-last" if seq.exact_up_to_last else "approx"
+
+
 def write_text_outputs(report: TextReport, folder: Path, force: bool) -> list[Path]:
     """``metrics.json`` (the report) and ``sequences.txt`` (one recovered sequence per line: its token ids, or its
     decoded text with ``--show-text``), together or not at all."""
@@ -133,9 +169,10 @@ def write_text_outputs(report: TextReport, folder: Path, force: bool) -> list[Pa
     lines = []
     for k, seq in enumerate(report.sequences):
         body = seq.text if report.show_text and seq.text is not None else " ".join(str(t) for t in seq.token_ids)
-        lines.append(f"{k}\t{'exact' if seq.exact else 'approx'}\t{body}")
-    header = ("# recovered sequences: index, exact/approx, " + ("decoded text (--show-text)" if report.show_text
-                                                                   else "token ids (redacted: --show-text decodes)"))
+        lines.append(f"{k}\t{exactness_word(seq)}\t{body}")
+    header = ("# recovered sequences: index, exact (every token proven) / to-last (every token but the last) / "
+              "approx, " + ("decoded text (--show-text)" if report.show_text
+                            else "token ids (redacted: --show-text decodes)"))
     with OutputSet(folder, force) as out:
         out.write_bytes("metrics.json", (json.dumps(data, indent=2) + "\n").encode())
         out.write_bytes("sequences.txt", ("\n".join([header, *lines]) + "\n").encode())

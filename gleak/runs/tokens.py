@@ -99,7 +99,9 @@ def _union(results: Sequence[TokenResult], bags: Mapping[str, Counter[int]] | No
     (next-tokens), each token's count the larger of the two (a lower bound of its count in the batch, which is
     the input count plus the sequences it ends), scored against every real token of the batch. Under next-token
     loss the last token of each sequence is seen only as a target, so neither attack alone covers the batch
-    (METHODS-text §2.3). None when neither ran."""
+    (METHODS-text §2.3). token-bag's bag already holds the tokens the first block's span test proves, when that
+    check runs and separates more clearly than the embedding gradient (:mod:`gleak.attacks.tokens.firstblock`).
+    None when neither ran."""
     parts = [r for r in results if r.status == "ok" and r.attack in TRUTH_OF and r.tokens]
     if not parts:
         return None

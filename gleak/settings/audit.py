@@ -103,6 +103,10 @@ class AuditSettings(BaseModel):
     budget: Annotated[Budget, Cli(
         ("--budget",), "quick (label attacks and analytic reconstruction), standard (plus a bounded gradient-matching "
         "run) or full (the reconstruct defaults).", env="GLEAK_BUDGET", cli_type=str)] = "quick"
+    time_limit: Annotated[float | None, Field(gt=0, allow_inf_nan=False), Cli(
+        ("--time-limit",), "Seconds the audit of one capture may take, instead of its budget's (quick 120, standard "
+        "600, full 1200); an attack that reaches its share stops, and says where.", env="GLEAK_TIME_LIMIT",
+        metavar="SECONDS")] = None
     fail_on: Annotated[FailOnChoice, Cli(
         ("--fail-on",), "Exit 1 when a finding is at or above this severity: info, low, medium, high, critical, or "
         "none (never).", env="GLEAK_FAIL_ON", cli_type=str)] = "high"
@@ -140,6 +144,10 @@ class AuditSettings(BaseModel):
         ("--max-epsilon",), "Privacy budget: a finding (GLEAK-DP-BUDGET, high) for every client whose ε, composed "
         "over the rounds of the run from what its captures record (DP-SGD or Flower's LocalDpMod), exceeds it.",
         env="GLEAK_MAX_EPSILON", metavar="EPSILON")] = None
+    accept_unassessed: Annotated[bool, Cli(
+        ("--accept-unassessed",), "Let captures with a threat no attack could measure pass the gate (their "
+        "GLEAK-NOT-ASSESSED findings become info); by default such a capture is INCONCLUSIVE and fails.",
+        env="GLEAK_ACCEPT_UNASSESSED")] = False
     confidence: Annotated[int, Field(ge=0, le=1000), Cli(
         ("--confidence",), "Captures without ground truth: calibrate the label attacks on this many batches simulated "
         "from --aux like the capture's (GLEAK-LABELS-EXPECTED; 0: off).")] = 24

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gleak.timebox import Forecast, checkpoint
+
 # progress(restart, iteration, iterations, best loss so far)
 Progress = Callable[[int, int, int, float], None]
 # one restart: best loss, its inputs, iterations run, objective evaluations
@@ -66,6 +68,7 @@ def adam(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ..
          progress: Progress | None = None) -> Solution:
     """Inverting Gradients' optimiser: Adam (on sign(∇x L) when ``signed``), step schedule, box projection."""
     milestones = sorted({max(1, int(iterations * f)) for f in (3 / 8, 5 / 8, 7 / 8)})
+    forecast = Forecast(restarts * iterations)  # under a deadline: stops at once when the steps cannot fit
 
     def run(r: int) -> Run:
         x = _start(shape, gen, device)
@@ -74,6 +77,7 @@ def adam(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ..
         sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
         best, best_x, done = float("inf"), x.detach().clone(), 0
         for it in range(iterations):
+            checkpoint(f"restart {r + 1}/{restarts}, step {it}/{iterations}")  # gleak.timebox: the deadline
             loss = objective(x)
             if not torch.isfinite(loss):
                 break
@@ -85,6 +89,7 @@ def adam(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ..
             sched.step()
             _project(x, box)
             done = it + 1
+            forecast.check(r * iterations + done)
             if progress is not None:
                 progress(r, done, iterations, best)
         evaluations = done + (done < iterations)  # a run cut short still evaluated its non-finite loss
@@ -129,6 +134,7 @@ def lbfgs(objective: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, .
 
         best, best_x, done = float("inf"), x.detach().clone(), 0
         for it in range(iterations):
+            checkpoint(f"restart {r + 1}/{restarts}, step {it}/{iterations}")  # gleak.timebox: the deadline
             before = x.detach().clone()
             # the objective at ``before``; torch leaves LBFGS.step unannotated
             value = float(opt.step(closure))  # type: ignore[no-untyped-call]

@@ -49,6 +49,7 @@ from gleak.attacks.tokens.spantest import SpanTest, lora_span, margin, weight_sp
 from gleak.attacks.tokens.view import TextModelSpec, is_lora_only
 from gleak.capture import model_logits, token_loss
 from gleak.errors import GleakError
+from gleak.timebox import checkpoint
 
 CANDIDATES = 5  # runners-up per last token kept from the head solve
 UNSURE = 0.05  # a solved weight further than this from 1 is checked by recomputing the gradient (tied heads)
@@ -234,6 +235,7 @@ def assemble(model: nn.Module, group: ModuleGroup, sets: list[list[int]], positi
     inputs = PrefixInputs(model, group.layer)
     steps = 0
     for i in range(positions):
+        checkpoint(f"layer 2: position {i + 1}/{positions}, {len(frontier)} prefixes")
         options = sets[i] if positional else sets[0]
         if not frontier:
             break
@@ -330,6 +332,7 @@ def last_tokens(model: nn.Module, spec: TextModelSpec, head_grad: torch.Tensor, 
     known_index = torch.tensor([offsets[k] + j for k, s in enumerate(prefixes) for j in range(len(s) - 1)],
                                dtype=torch.long)
     for first in range(0, vocab, step):
+        checkpoint(f"last tokens: rows {first}/{vocab}")
         rows = slice(first, min(first + step, vocab))
         r = all_p[:, rows].T @ all_h - m * scale * head_grad[rows].double()
         hit = (targets >= first) & (targets < rows.stop)
@@ -357,6 +360,7 @@ def refine_last_tokens(model: nn.Module, captured: torch.Tensor, prefixes: list[
     was = weight.requires_grad
 
     def distance(lasts: list[int]) -> float:
+        checkpoint("last tokens: checking a runner-up")
         rows = [[*s, t] for s, t in zip(prefixes, lasts, strict=True)]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), pad, dtype=torch.long)

@@ -28,6 +28,7 @@ from torch import nn
 
 from gleak.attacks.tokens.inputs import module_inputs
 from gleak.attacks.tokens.spantest import SpanTest
+from gleak.timebox import checkpoint
 
 MAX_COMBINATIONS = 20_000  # candidates scored exhaustively per length (beyond: the coordinate search)
 CHUNK_TOKENS = 1 << 14  # token positions per forward pass
@@ -57,6 +58,7 @@ class Scorer:
         rows = max(1, CHUNK_TOKENS // length)
         out = torch.empty(len(seqs), length, dtype=torch.float64)
         for first in range(0, len(seqs), rows):
+            checkpoint(f"encoder: length {length}, {self.calls + first} sequences scored")
             ids = torch.tensor(seqs[first:first + rows], dtype=torch.long)
             x = module_inputs(self.model, self.layer, ids)
             out[first:first + len(ids)] = self.test.residual(x.reshape(-1, x.shape[-1])).reshape(len(ids), length)

@@ -19,6 +19,7 @@ from torch import nn
 
 from gleak.attacks.tokens.inputs import module_inputs
 from gleak.errors import GleakError
+from gleak.timebox import OutOfTime, checkpoint
 
 CHUNK_TOKENS = 1 << 15  # token positions (prefix included) held per forward pass or cache
 CHECKED = 2  # candidates recomputed without the cache at every step
@@ -49,6 +50,8 @@ class PrefixInputs:
                 if float((found[0][:CHECKED] - full).abs().max()) <= AGREE * scale:
                     return found
                 self.why = "the cached inputs differ from the full pass"
+            except OutOfTime:
+                raise
             except (TypeError, ValueError, AttributeError, KeyError, IndexError, RuntimeError, NotImplementedError,
                     ImportError, GleakError) as e:  # a model or version whose cache does not work this way
                 self.why = f"{type(e).__name__}: {e}".splitlines()[0][:160]
@@ -59,6 +62,7 @@ class PrefixInputs:
         xs, befores = [], []
         rows = max(1, self.chunk_tokens // (i + 1))
         for first in range(0, len(cands), rows):
+            checkpoint(f"layer 2: position {i + 1}, candidates {first}/{len(cands)}")
             ids = torch.tensor(cands[first:first + rows], dtype=torch.long)
             inputs = module_inputs(self.model, self.layer, ids)
             xs.append(inputs[:, i])
@@ -84,6 +88,7 @@ class PrefixInputs:
             mine = ((owner >= start) & (owner < start + len(block))).nonzero().flatten()
             rows = max(1, self.chunk_tokens // (i + 1))
             for first in range(0, len(mine), rows):
+                checkpoint(f"layer 2: position {i + 1}, candidates {int(mine[first])}/{len(cands)}")
                 pick = mine[first:first + rows]
                 local = owner[pick] - start
                 grown = DynamicCache(ddp_cache_data=[(k[local], v[local]) for k, v in layers])

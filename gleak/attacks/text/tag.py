@@ -51,6 +51,7 @@ from gleak.attacks.tokens.bag import position_lengths
 from gleak.attacks.tokens.view import LORA_MARKERS, TextModelSpec, is_lora_only, token_view
 from gleak.capture import model_logits
 from gleak.errors import GleakError
+from gleak.timebox import Forecast, checkpoint
 
 TEXT = Requirements(needs_text=True, gradient_view=False, needs_batch_size=True)
 TAG = ("Deng et al., TAG: Gradient Attack on Transformer-based Language Models, EMNLP Findings 2021; "
@@ -297,12 +298,14 @@ def optimise(model: nn.Module, problem: Problem, options: TagOptions, gen: torch
     best = math.inf
     starts: list[float] = []
     first = math.inf
+    forecast = Forecast(options.restarts * options.iterations)  # stops at once when the steps cannot fit its share
     with grads_on(p.params):
         for restart in range(options.restarts):
             z = torch.randn(batch, width, d, generator=gen).to(device).requires_grad_(True)  # float32 always
             opt = torch.optim.Adam([z], lr=options.lr)
             run_best, run_z = math.inf, z.detach().clone()
             for step in range(options.iterations + 1):
+                checkpoint(f"restart {restart + 1}/{options.restarts}, step {step}/{options.iterations}")
                 opt.zero_grad(set_to_none=True)
                 dist = distance(z, graph=step < options.iterations)
                 value = float(dist.detach())
@@ -315,6 +318,7 @@ def optimise(model: nn.Module, problem: Problem, options: TagOptions, gen: torch
                 (g,) = torch.autograd.grad(dist, [z])
                 z.grad = g
                 opt.step()
+                forecast.check(restart * options.iterations + step + 1)
                 if progress is not None and step % REPORT_EVERY == 0:
                     progress(restart, step, options.iterations, value)
             starts.append(run_best)

@@ -26,6 +26,8 @@ from gleak.attacks.tokens.bag import (
     tied_bag,
     untied_bag,
 )
+from gleak.attacks.tokens.firstblock import check_bag
+from gleak.attacks.tokens.inputs import MAX_POSITIONS
 from gleak.attacks.tokens.view import TokenView
 from gleak.errors import GleakError
 
@@ -62,6 +64,27 @@ def _max_rank(view: TokenView) -> int | None:
     return None
 
 
+def _max_tokens(view: TokenView) -> int | None:
+    """B·T per step: the most distinct tokens the batch can hold, when B and the padded length are known."""
+    spec = view.spec
+    if spec.batch_size and spec.max_length:
+        return spec.batch_size * spec.max_length * spec.local_steps
+    return None
+
+
+def _positions(view: TokenView) -> int:
+    """Positions the first block's test reads (learned positions only): the recorded padded length, else the
+    longest sequence the position table's gradient shows (§2.4), else :data:`MAX_POSITIONS`."""
+    spec = view.spec
+    if spec.max_length:
+        return min(spec.max_length, MAX_POSITIONS)
+    if view.positions is not None:
+        found = position_lengths(view.positions, view.position_offset, spec.task == "causal_lm").max_length
+        if found:
+            return min(found, MAX_POSITIONS)
+    return MAX_POSITIONS
+
+
 class TokenAttack(Attack):
     """Base of the token attacks: a text capture is required; the view's tensors are found once per context."""
 
@@ -83,13 +106,15 @@ class TokenAttack(Attack):
 
     def memory_bytes(self, ctx: Context) -> int:
         """Two float64 blocks of rows (:data:`CHUNK_BYTES`), about eight float64 vectors [V] and, tied models only,
-        two d × d float64 matrices (the Gram matrix and its eigenvectors) and the float32 [V, RANK_POINTS] table of
-        residual ratios of the rank sweep."""
+        two d × d float64 matrices (the Gram matrix and its eigenvectors), the float32 [V, RANK_POINTS] table of
+        residual ratios of the rank sweep, and the first block's check: the SVD of its stacked weight gradients
+        (3·d × d and d × d, float64) and a chunk of candidate inputs with their coordinates."""
         spec = ctx.text_model
         if spec is None:
             return 0
+        first_block = 8 * 5 * spec.hidden_size ** 2 + 2 * 4 * 2048 * spec.hidden_size if spec.tied_lm else 0
         return (2 * CHUNK_BYTES + 8 * 8 * spec.vocab_size + 2 * 8 * spec.hidden_size ** 2
-                + 4 * RANK_POINTS * spec.vocab_size)
+                + 4 * RANK_POINTS * spec.vocab_size + first_block)
 
 
 class TokenBagOptions(AttackOptions):
@@ -100,10 +125,14 @@ class TokenBagOptions(AttackOptions):
                             "share of the largest entry")
     exclude: int | None = Field(None, ge=1, description="tied: the largest-norm rows kept out of the head-span "
                                 "estimate (default 4·B·T when known, else 4096)")
-    min_gap: float = Field(10.0, gt=1, description="tied: the smallest gap of the sorted residual ratios ρ "
-                           "accepted (at the best rank of the head span) before falling back to the row-norm cut")
+    min_gap: float | None = Field(None, gt=1, description="tied, optional: fall back to the row-norm cut when the "
+                                  "widest gap of the residual ratios ρ is narrower (the rule before issue 44, 10 "
+                                  "then); default: never, the widest gap decides and its width is reported")
     rho_threshold: float | None = Field(None, gt=0, lt=1, description="tied: flag rows whose residual ratio ρ "
-                                        "exceeds this (default: the edge of the bulk of head-only rows)")
+                                        "exceeds this (default: the widest gap of the sorted ρ)")
+    first_block: bool = Field(True, description="tied: check the bag with the first block's span test (DAGER's "
+                              "layer 1) when the model is given and the batch has fewer distinct first-block inputs "
+                              "than the width: proven tokens join the bag")
 
 
 @register
@@ -115,9 +144,12 @@ class TokenBag(TokenAttack):
     occur at loss-relevant input positions; rows are flagged when max|row| > ``relative``·max (float64). Tied
     embedding under next-token loss: ∇E = G_in + G_head with every row of G_head in 𝓗 = span{h} (the union over the
     local steps for an update); rows are scored by the share ρ_v of the row outside an estimate of 𝓗 from the
-    rows of absent tokens, its rank chosen as the one whose ρ separate best (§2.2(a), see
-    :func:`gleak.attacks.tokens.bag.tied_bag`), falling back to the row-norm log-gap cut (§2.2(b)) when 𝓗 fills
-    the space; ``diagnostics.method`` says which ran. Scores: max|row|/max (untied), ρ (tied), norm/max (row-norm).
+    rows of absent tokens, its rank chosen as the one whose ρ separate best and the estimate redone from the rows it
+    explains (§2.2(a), see :func:`gleak.attacks.tokens.bag.tied_bag`); the cut is the widest gap of the sorted ρ
+    among at most B·T rows, with no minimum ratio (its width: ``diagnostics.separation``). With the model, the first
+    block's span test (DAGER's layer 1, :mod:`gleak.attacks.tokens.firstblock`) checks the cut: when its own
+    separation is the wider, the tokens it proves are the bag (for the tokens it tested), else the cut stands.
+    ``diagnostics.method`` says what ran. Scores: max|row|/max (untied), ρ (tied), norm/max (row-norm).
 
     What is recovered: untied, the tokens at input positions (a sequence's last token is invisible under
     next-token loss: see ``next-tokens``); tied, the same. Tokens seen only as targets are head-only and stay out,
@@ -148,17 +180,21 @@ class TokenBag(TokenAttack):
             bag.method, bag.warnings = "row-norm-gap", []
         elif view.spec.tied_lm:
             bag, _ = tied_bag(view.embedding, exclude=_exclude(view, o.exclude), rho_threshold=o.rho_threshold,
-                              min_gap=o.min_gap, max_rank=_max_rank(view))
+                              min_gap=o.min_gap, max_rank=_max_rank(view), max_tokens=_max_tokens(view))
+            if o.first_block and ctx.model is not None and o.rho_threshold is None:
+                bag = check_bag(bag, ctx.model, ctx.capture.tensors, view.spec.vocab_size, _positions(view),
+                                _max_tokens(view))
         else:
-            bag = untied_bag(view.embedding, relative=o.relative)
+            bag = untied_bag(view.embedding, relative=o.relative, max_tokens=_max_tokens(view))
         return _output(bag, {"tensor": view.embedding_name}, warnings)
 
 
 class NextTokenOptions(AttackOptions):
     exclude: int | None = Field(None, ge=1, description="tied: the largest-norm rows kept out of the head-span "
                                 "estimate (default 4·B·T when known, else 4096)")
-    min_gap: float = Field(10.0, gt=1, description="tied: the smallest gap of the sorted residual ratios ρ "
-                           "accepted for the head-span separation")
+    min_gap: float | None = Field(None, gt=1, description="tied, optional: refuse when the widest gap of the sorted "
+                                  "residual ratios ρ is narrower (the rule before issue 44, 10 then); default: "
+                                  "never")
 
 
 @register
@@ -201,7 +237,7 @@ class NextTokens(TokenAttack):
         if view.head is not None:
             return _output(head_targets(view.head), {"tensor": view.head_name}, warnings)
         bag, sub = tied_bag(view.embedding, exclude=_exclude(view, self.options.exclude),
-                            min_gap=self.options.min_gap, max_rank=_max_rank(view))
+                            min_gap=self.options.min_gap, max_rank=_max_rank(view), max_tokens=_max_tokens(view))
         if sub is None:
             raise GleakError("cannot separate the head part of the tied embedding gradient (" +
                              bag.warnings[0].split(": ", 1)[1].split(";")[0] + "), so the targets cannot be read")

@@ -9,9 +9,10 @@ matrix and its eigenvectors, plus a float32 [V, 48] table of residual ratios. Pe
 * :func:`row_stats` — per-row max |·| and Euclidean norm.
 * :func:`log_gap_cut` — how many of the largest scores stand apart: the largest gap of the sorted scores in log
   scale (§2.2(b)).
-* :func:`head_spectrum`, :func:`residual_sweep`, :func:`pick_rank` — §2.2(a): the singular vectors of reference rows
-  (through the Gram matrix), ρ_v(r) = ‖(I − Π_r)g_v‖ / ‖g_v‖ for a grid of ranks r in one pass, and the rank
-  whose ρ separate best; :func:`residual_ratios` for one basis.
+* :func:`head_spectrum`, :func:`residual_sweep`, :func:`rank_cuts`, :func:`pick_rank` — §2.2(a): the singular
+  vectors of reference rows (through the Gram matrix), ρ_v(r) = ‖(I − Π_r)g_v‖ / ‖g_v‖ for a grid of ranks r in one
+  pass, each rank's widest gap (no minimum ratio: issue 44), and the rank whose ρ separate best;
+  :func:`rank_votes` a confidence per row; :func:`residual_ratios` for one basis.
 * :func:`untied_bag`, :func:`tied_bag`, :func:`head_targets`, :func:`position_lengths` — §2.1–§2.4.
 """
 
@@ -25,18 +26,22 @@ from typing import Any
 
 import torch
 
+from gleak.timebox import checkpoint
+
 CHUNK_BYTES = 64 * 2**20  # float64 working block of rows
 TINY = 1e-300
 # Singular values from the float64 Gram matrix are resolved to about sqrt(eps)·s_max; below this share of s_max they
 # are rounding and their directions arbitrary, so no candidate rank reaches there.
 GRAM_FLOOR = 1e-9
 RANK_POINTS = 48  # candidate ranks of the head span tried by the tied separation
+ROUNDS = 3  # estimates of the head span: from the smaller rows, then from the rows the last estimate explains
 
 
 def row_blocks(mat: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, torch.Tensor]]:
     """(first row, float64 block) over ``mat``'s rows, each block about ``chunk_bytes``."""
     rows = max(1, chunk_bytes // (8 * max(1, mat.shape[1])))
     for first in range(0, mat.shape[0], rows):
+        checkpoint(f"rows {first}/{mat.shape[0]}")  # the deadline in force (gleak.timebox), and progress
         yield first, mat[first:first + rows].double()
 
 
@@ -147,15 +152,41 @@ class RankChoice:
     gap: float
 
 
-def pick_rank(rho: torch.Tensor, ranks: list[int], max_flag: int, min_gap: float) -> RankChoice | None:
-    """Among the candidate ranks r (columns of ``rho``), the one whose sorted ρ show the widest edge of the bulk
-    of head-only rows (:func:`log_gap_cut` with ``lowest_above=min_gap``); None when there is no candidate."""
+def rank_cuts(rho: torch.Tensor, live: torch.Tensor, max_flag: int) -> list[tuple[int, float]]:
+    """For every candidate rank (column of ``rho``): (k, ratio), the largest log-gap of the sorted ρ of the ``live``
+    rows (those above the numerical floor; :func:`log_gap_cut` among the top ``max_flag`` + 1). No minimum ratio:
+    the widest gap is where the rows the span explains end, however narrow it is."""
+    n = int(live.sum())
+    limit = min(max_flag, max(1, n - 1))
+    return [log_gap_cut(rho[live, j], limit, floor=1e-9) for j in range(rho.shape[1])]
+
+
+def pick_rank(rho: torch.Tensor, ranks: list[int], max_flag: int, live: torch.Tensor | None = None
+              ) -> RankChoice | None:
+    """Among the candidate ranks r (columns of ``rho``), the one whose sorted ρ (of the ``live`` rows; all when
+    None) show the widest gap (:func:`rank_cuts`); None when there is no candidate."""
+    live = torch.ones(rho.shape[0], dtype=torch.bool) if live is None else live
     best: RankChoice | None = None
-    for j, r in enumerate(ranks):
-        k, ratio = log_gap_cut(rho[:, j], max_flag, floor=1e-9, lowest_above=min_gap)
+    for j, (k, ratio) in enumerate(rank_cuts(rho, live, max_flag)):
         if best is None or ratio > best.gap:
-            best = RankChoice(index=j, rank=r, flagged=k, gap=ratio)
+            best = RankChoice(index=j, rank=ranks[j], flagged=k, gap=ratio)
     return best
+
+
+def rank_votes(rho: torch.Tensor, cuts: list[tuple[int, float]], live: torch.Tensor) -> torch.Tensor:
+    """A confidence in [0, 1] per row: the share of the candidate ranks, each weighted by its log-gap, whose cut
+    (:func:`rank_cuts`) flags the row. 1: every rank that separates at all flags it; near 0: only ranks whose
+    separation is weak do (float64 [V])."""
+    votes = torch.zeros(rho.shape[0], dtype=torch.float64)
+    total = 0.0
+    for j, (k, ratio) in enumerate(cuts):
+        weight = math.log(max(ratio, 1.0))
+        if weight <= 0 or k < 1:
+            continue
+        order = torch.argsort(torch.where(live, rho[:, j], -1.0), descending=True)
+        votes[order[:k]] += weight
+        total += weight
+    return votes / total if total > 0 else votes
 
 
 def residual_ratios(mat: torch.Tensor, basis: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
@@ -200,13 +231,16 @@ class Bag:
     method: str
     diagnostics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    confidence: torch.Tensor | None = None  # per row in [0, 1], when the method gives one (tied: rank_votes)
 
 
-def untied_bag(mat: torch.Tensor, relative: float = 1e-6, max_share: float = 0.5,
+def untied_bag(mat: torch.Tensor, relative: float = 1e-6, max_tokens: int | None = None,
                chunk_bytes: int = CHUNK_BYTES) -> Bag:
-    """§2.1: a row is present when max|row| > ``relative`` · max over the matrix (float64). When more than
-    ``max_share`` of the rows pass (a dense contribution: weight decay, noise), the exact test is meaningless and
-    the row-norm log-gap cut decides instead (said in the warnings)."""
+    """§2.1: a row is present when max|row| > ``relative`` · max over the matrix (float64). When more rows pass than
+    the batch can hold distinct tokens (``max_tokens``, B·T per step, when known; else when every row passes), the
+    contribution is dense (weight decay, noise), the exact test is meaningless, and the row-norm log-gap cut
+    decides instead (said in the warnings). Before issue 44 a fixed share (half the rows) decided that, which a
+    large batch over a small vocabulary crosses with every row exact."""
     amax, norm = row_stats(mat, chunk_bytes)
     top = float(amax.max()) if len(amax) else 0.0
     scores = amax / top if top > 0 else torch.zeros_like(amax)
@@ -214,16 +248,18 @@ def untied_bag(mat: torch.Tensor, relative: float = 1e-6, max_share: float = 0.5
     method = "nonzero-rows"
     warnings = []
     diagnostics: dict[str, Any] = {"relative_threshold": relative}
-    if int(flagged.sum()) > max_share * len(flagged):
-        k, ratio = log_gap_cut(norm, int(max_share * len(norm)))
+    passed = int(flagged.sum())
+    if len(flagged) > 1 and (passed > max_tokens if max_tokens else passed == len(flagged)):
+        k, ratio = log_gap_cut(norm, max(1, min(len(norm) - 1, max_tokens or len(norm) // 2)))
         order = torch.argsort(norm, descending=True)
         flagged = torch.zeros_like(flagged)
         flagged[order[:k]] = True
         scores = norm / float(norm.max())
         method = "row-norm-gap"
         diagnostics["gap_ratio"] = ratio
-        warnings.append(f"the embedding contribution is dense ({int((amax > relative * top).sum())} of {len(amax)} "
-                        "rows non-zero: weight decay or noise?), so rows were cut at the largest row-norm gap")
+        warnings.append(f"the embedding contribution is dense ({passed} of {len(amax)} rows non-zero"
+                        + (f", more than the {max_tokens} tokens the batch can hold" if max_tokens else "")
+                        + ": weight decay or noise?), so rows were cut at the largest row-norm gap")
     return Bag(flagged=flagged, scores=scores, counts=rough_counts(norm, flagged), method=method,
                diagnostics=diagnostics, warnings=warnings)
 
@@ -242,41 +278,57 @@ def row_norm_bag(norm: torch.Tensor, max_flag: int, why: str | None = None) -> B
                method="row-norm-gap", diagnostics={"gap_ratio": ratio}, warnings=warnings)
 
 
+@dataclass(kw_only=True)
+class _Estimate:
+    """One estimate of the head span and the separation it gives (:func:`tied_bag`)."""
+
+    sub: Subspace
+    rho: torch.Tensor
+    flagged: torch.Tensor
+    confidence: torch.Tensor
+    cut: float | None
+
+
 def tied_bag(mat: torch.Tensor, exclude: int, rho_threshold: float | None = None,
-             min_gap: float = 10.0, max_rank: int | None = None, chunk_bytes: int = CHUNK_BYTES
-             ) -> tuple[Bag, Subspace | None]:
+             min_gap: float | None = None, max_rank: int | None = None, max_tokens: int | None = None,
+             chunk_bytes: int = CHUNK_BYTES) -> tuple[Bag, Subspace | None]:
     """§2.2: separate the input part of a tied embedding gradient from the head part, which lies in 𝓗 = span{h}.
 
-    (a) Reference rows = all but the ``exclude`` largest-norm rows and the rows at the numerical floor; their
+    (a) Reference rows: first all but the ``exclude`` largest-norm rows and the rows at the numerical floor; their
     singular vectors (:func:`head_spectrum`) give nested candidate bases of 𝓗. The rank is not read off the
     spectrum (on trained models and multi-step updates it decays over decades without a gap at M) but chosen by
     the separation itself: for up to :data:`RANK_POINTS` ranks r ≤ min(``max_rank``, d − 2) with singular values
-    above :data:`GRAM_FLOOR`, ρ_v(r) = ‖(I − Π_r)g_v‖/‖g_v‖ for every row (:func:`residual_sweep`, one pass), and
-    r is the rank whose sorted ρ show the widest edge of the bulk of head-only rows (:func:`pick_rank`). Flagged
-    = ρ above that gap (or above ``rho_threshold``); when a flagged row was in the reference set it leaves it and
-    the whole estimate runs once more (the first is kept when the second finds no gap). When no rank shows a gap
-    of at least ``min_gap`` (𝓗 fills the space: M ≳ d; or noise), (b): the row-norm log-gap cut. ``Bag.method``
-    says which was used.
+    above :data:`GRAM_FLOOR`, ρ_v(r) = ‖(I − Π_r)g_v‖/‖g_v‖ for every row (:func:`residual_sweep`, one pass); each
+    rank's ρ are cut at their widest log-gap and the rank with the widest one wins (:func:`pick_rank`). Flagged =
+    ρ above that gap (or above ``rho_threshold``). Then the estimate is checked on the capture itself and redone
+    from the rows it explains: the reference becomes every row above the floor but the flagged ones and as many
+    again below them (a guard band), which brings back the large head-only rows the first exclusion dropped (a
+    trimmed subspace fit), up to :data:`ROUNDS` estimates or until the reference repeats; the estimate whose gap
+    is widest is kept. Every row gets a confidence (:func:`rank_votes`): the gap-weighted share of the ranks that
+    flag it. A cut flags at most ``max_tokens`` rows (the batch's distinct tokens cannot outnumber its B·T
+    positions per step, when they are known; else half the vocabulary): on trained models the head-only rows fall
+    into populations whose edges are gaps too, beyond any number of tokens the batch can hold.
+
+    No ratio decides between this and (b): the widest gap is used however narrow (its width is in the
+    diagnostics, ``separation``), so a weaker separation moves the cut, never the method. (b), the row-norm
+    log-gap cut, runs when the span cannot be estimated (too few rows), or when ``min_gap`` is given and the
+    widest gap is narrower (the rule before issue 44, on request). ``Bag.method`` says which was used.
 
     Returns the bag and the subspace (None when (b) decided)."""
     v, d = mat.shape
     _, norm = row_stats(mat, chunk_bytes)
     top = float(norm.max()) if v else 0.0
-    max_flag = max(1, v // 2)
-    if not math.isfinite(min_gap):
+    max_flag = max(1, min(v // 2, max_tokens or v))
+    if min_gap is not None and not math.isfinite(min_gap):
         return row_norm_bag(norm, max_flag), None
-    exclude = max(0, min(exclude, v // 2))
-    order = torch.argsort(norm, descending=True)
-    reference = norm > top * 1e-12
-    reference[order[:exclude]] = False
+    live = norm > top * 1e-12
+    reference = live.clone()
+    reference[torch.argsort(norm, descending=True)[:max(0, min(exclude, v // 2))]] = False
     limit = min(d - 2, max_rank if max_rank is not None else d - 2)
     diagnostics: dict[str, Any] = {"reference_rows": int(reference.sum()), "excluded_largest": exclude}
     why = None
-    rho = torch.zeros(v, dtype=torch.float64)
-    flagged = torch.zeros(v, dtype=torch.bool)
-    sub = None
-    kept: tuple[torch.Tensor, torch.Tensor, Subspace] | None = None
-    for attempt in range(2):
+    estimates: list[_Estimate] = []
+    for attempt in range(ROUNDS):
         if int(reference.sum()) < 2:
             why = "too few reference rows to estimate the head span"
             break
@@ -286,43 +338,44 @@ def tied_bag(mat: torch.Tensor, exclude: int, rho_threshold: float | None = None
             why = "the reference rows are zero, or the width leaves no room for a head span"
             break
         sweep = residual_sweep(mat, vectors, ranks, chunk_bytes)
-        choice = pick_rank(sweep, ranks, max_flag, min_gap)
-        if choice is None:
-            why = "no candidate rank for the head span"
-            break
-        rho = sweep[:, choice.index].double()
+        cuts = rank_cuts(sweep, live, max_flag)
+        j = max(range(len(cuts)), key=lambda i: cuts[i][1])
+        k, gap = cuts[j]
+        rho = sweep[:, j].double()
+        order = torch.argsort(torch.where(live, rho, torch.full_like(rho, -1.0)), descending=True)
+        flagged = torch.zeros(v, dtype=torch.bool)
+        flagged[order[:k]] = True
+        cut = math.sqrt(float(rho[order[k - 1]]) * float(rho[order[k]])) if 0 < k < len(order) else None
+        estimates.append(_Estimate(sub=Subspace(basis=vectors[:, :ranks[j]].contiguous(), singular_values=s, gap=gap),
+                                   rho=rho, flagged=flagged, confidence=rank_votes(sweep, cuts, live), cut=cut))
         del sweep
-        sub = Subspace(basis=vectors[:, :choice.rank].contiguous(), singular_values=s, gap=choice.gap)
-        diagnostics.update({f"rank_{attempt}": choice.rank, f"rho_gap_{attempt}": choice.gap,
-                            f"singular_value_at_rank_{attempt}": float(s[choice.rank - 1] / s[0]) if s[0] > 0
-                            else 0.0})
-        if rho_threshold is not None:
-            flagged = rho > rho_threshold
-            diagnostics["rho_threshold"] = rho_threshold
-        else:
-            if choice.gap < min_gap:
-                if attempt == 1 and kept is not None:  # the first estimate separated: keep it
-                    flagged, rho, sub = kept
-                    diagnostics["kept_first_estimate"] = True
-                    break
-                why = (f"the residual ratios ρ show no clear gap at any rank of the head span (best {choice.gap:.3g} "
-                       f"< {min_gap:g})")
-                break
-            srt = torch.sort(rho, descending=True).values
-            cut = math.sqrt(float(srt[choice.flagged - 1]) * float(srt[choice.flagged]))
-            diagnostics["rho_threshold"] = cut
-            flagged = rho > cut
-        if not bool((flagged & reference).any()):
-            break  # the reference set stays the same: a second estimate would repeat the first
-        kept = (flagged, rho, sub)
-        reference = reference & ~flagged
-        diagnostics["reference_rows"] = int(reference.sum())
-    if why is None and sub is not None:
-        return Bag(flagged=flagged, scores=rho, counts=rough_counts(rho * norm, flagged), method="span-residual",
-                   diagnostics=diagnostics), sub
-    bag = row_norm_bag(norm, max_flag, why)
-    bag.diagnostics = {**diagnostics, **bag.diagnostics}
-    return bag, None
+        diagnostics.update({f"rank_{attempt}": ranks[j], f"rho_gap_{attempt}": gap,
+                            f"singular_value_at_rank_{attempt}": float(s[ranks[j] - 1] / s[0])})
+        explained = live.clone()
+        explained[order[:min(2 * k, v // 2)]] = False  # the flagged rows and a guard band as wide below them
+        if torch.equal(explained, reference):
+            break
+        reference = explained
+    if not estimates:
+        bag = row_norm_bag(norm, max_flag, why)
+        bag.diagnostics = {**diagnostics, **bag.diagnostics}
+        return bag, None
+    chosen = max(range(len(estimates)), key=lambda i: estimates[i].sub.gap)
+    best = estimates[chosen]
+    diagnostics.update({"estimate": chosen, "separation": best.sub.gap, "rho_threshold": best.cut})
+    if min_gap is not None and best.sub.gap < min_gap and rho_threshold is None:  # the old rule, as it was
+        bag = row_norm_bag(norm, max(1, v // 2), f"the residual ratios ρ show no gap of at least min_gap = {min_gap:g} "
+                           f"at any rank of the head span (widest {best.sub.gap:.3g})")
+        bag.diagnostics = {**diagnostics, **bag.diagnostics}
+        return bag, None
+    flagged = best.flagged
+    if rho_threshold is not None:
+        flagged = best.rho > rho_threshold
+        diagnostics["rho_threshold"] = rho_threshold
+    borderline = (best.confidence > 0) & (best.confidence < 1)
+    diagnostics["borderline"] = int(borderline.sum())
+    return Bag(flagged=flagged, scores=best.rho, counts=rough_counts(best.rho * norm, flagged),
+               method="span-residual", diagnostics=diagnostics, confidence=best.confidence), best.sub
 
 
 def head_targets(mat: torch.Tensor, candidates: torch.Tensor | None = None, max_flag: int | None = None,

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gleak.errors import GleakError
+from gleak.timebox import checkpoint
 
 CHUNK_TOKENS = 2048  # candidate tokens per forward pass
 MAX_POSITIONS = 512  # position-dependent inputs: positions tested at most (without a recorded max length)
@@ -128,6 +129,7 @@ def token_inputs(model: nn.Module, layer: nn.Module, vocab_size: int, position: 
     inputs, :func:`input_kind`)."""
     rows = []
     for first in range(0, vocab_size, CHUNK_TOKENS):
+        checkpoint(f"layer 1: position {position + 1}, tokens {first}/{vocab_size}")
         ids = torch.arange(first, min(first + CHUNK_TOKENS, vocab_size)).unsqueeze(1)
         rows.append(module_inputs(model, layer, ids, torch.full_like(ids, position + offset))[:, 0])
     return torch.cat(rows)

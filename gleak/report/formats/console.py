@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 
@@ -61,48 +62,18 @@ def print_labels(console: Console, report: LabelsReport) -> None:
     if report.truth_counts is not None and report.chance is not None:
         console.print(f"truth: {compact(report.truth_counts)}   [dim]chance (random guessing): iAcc "
                       f"{report.chance.iacc:.3f}, cAcc {report.chance.cacc:.3f}[/]")
-    scored = report.truth_counts is not None
-    table = Table(show_lines=False)
-    table.add_column("attack", style="bold")
-    table.add_column("recovered class×count", overflow="fold")
-    table.add_column("time", justify="right", no_wrap=True)
-    calibrated = any(r.confidence for r in results)
-    if calibrated:
-        table.add_column("90 % ±", justify="right", no_wrap=True)
-        table.add_column("expected/chance", justify="right", no_wrap=True)
-    if scored:
-        for col in ("iAcc", "cAcc", "exact", "chance"):
-            table.add_column(col, justify="right", no_wrap=True)
-    reasons: dict[str, list[str]] = {}
-    for r in results:
-        if r.status == "abstained":
-            reasons.setdefault(f"[cyan]abstained[/]: {r.reason}", []).append(r.attack)
-            c = r.confidence or {}
-            cells = ["—", _expected(c)] if calibrated and c.get("calibrated") else [""] * (2 if calibrated else 0)
-            table.add_row(r.attack, "[cyan]abstained[/] (no counts)", _time(r.seconds), *cells,
-                          *([""] * 4 if scored else []))
-            continue
-        if r.status != "ok":
-            label = {"not_applicable": "[yellow]not applicable[/]", "error": "[red]error[/]"}.get(
-                r.status, "[red]failed[/]")
-            reasons.setdefault(f"{label}: {r.reason}", []).append(r.attack)
-            table.add_row(f"[dim]{r.attack}[/]", label, "", *([""] * 2 if calibrated else []),
-                          *([""] * 4 if scored else []))
-            continue
-        cells = [r.attack + (" [yellow]⚠[/]" if r.warnings else ""), compact(r.counts or []), _time(r.seconds)]
-        if calibrated:
-            c = r.confidence or {}
-            if c.get("calibrated"):
-                cells += [f"{c['half_width']}", _expected(c)]
-            else:
-                cells += ["—", "[dim]not calibrated[/]"]
-        if scored and r.scores:
-            s = r.scores
-            colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
-            cells += [f"[{colour}]{s['iacc']:.3f}[/]", f"{s['cacc']:.3f}", f"{s['exact']:.3f}",
-                      f"{s['chance_iacc']:.3f}"]
-        table.add_row(*cells)
+    rows, reasons = _label_rows(results, scored=report.truth_counts is not None)
+    folded: tuple[str, ...] = ()
+    for folded in FOLDED_LABEL_COLUMNS:  # fold: the counts (then the times) into lines below, every score kept
+        if fits(console, _label_table(rows, folded, counts_width=COUNTS_WIDTH)):
+            break
+    table = _label_table(rows, folded)  # the counts wrap at spaces into the room left (at least COUNTS_WIDTH)
     console.print(table)
+    if folded:
+        for r in results:
+            if r.status == "ok":
+                console.print(f"{escape(r.attack)}" + (f" ({_time(r.seconds)})" if TIME in folded else "")
+                              + f": {compact(r.counts or [])}", soft_wrap=True)
     legend = _composition_legend(results)
     if legend:
         console.print(f"[dim]{escape(legend)}[/]", soft_wrap=True)
@@ -116,6 +87,66 @@ def print_labels(console: Console, report: LabelsReport) -> None:
             console.print(f"[yellow]⚠ {r.attack}:[/] {w}", soft_wrap=True)
     for note in report.ignored_options:
         console.print(f"[yellow]ignored[/] {note}", soft_wrap=True)
+
+
+COUNTS, TIME = "recovered class×count", "time"
+FOLDED_LABEL_COLUMNS: tuple[tuple[str, ...], ...] = ((), (COUNTS,), (COUNTS, TIME))  # tried in order at 80 columns
+COUNTS_WIDTH = 16  # the narrowest the counts column may wrap to ('0×2 1×3 2×4 3×6' a line) before it is folded
+
+
+def _label_rows(results: Sequence[LabelResult], scored: bool) -> tuple[list[dict[str, str]], dict[str, list[str]]]:
+    """The labels table's cells by column (only the columns that apply), and the attacks by reason."""
+    calibrated = any(r.confidence for r in results)
+    rows: list[dict[str, str]] = []
+    reasons: dict[str, list[str]] = {}
+    for r in results:
+        row = {"attack": r.attack, COUNTS: "", TIME: ""}
+        c = r.confidence or {}
+        if calibrated:
+            row |= {"90 % ±": "", "expected/chance": ""}
+        if scored:
+            row |= dict.fromkeys(("iAcc", "cAcc", "exact", "chance"), "")
+        if r.status == "abstained":
+            reasons.setdefault(f"[cyan]abstained[/]: {r.reason}", []).append(r.attack)
+            row |= {COUNTS: "[cyan]abstained[/] (no counts)", TIME: _time(r.seconds)}
+            if calibrated and c.get("calibrated"):
+                row |= {"90 % ±": "—", "expected/chance": _expected(c)}
+        elif r.status != "ok":
+            label = {"not_applicable": "[yellow]not applicable[/]", "error": "[red]error[/]"}.get(
+                r.status, "[red]failed[/]")
+            reasons.setdefault(f"{label}: {r.reason}", []).append(r.attack)
+            row |= {"attack": f"[dim]{r.attack}[/]", COUNTS: label}
+        else:
+            row |= {"attack": r.attack + (" [yellow]⚠[/]" if r.warnings else ""), COUNTS: compact(r.counts or []),
+                    TIME: _time(r.seconds)}
+            if calibrated:
+                row |= ({"90 % ±": f"{c['half_width']}", "expected/chance": _expected(c)} if c.get("calibrated")
+                        else {"90 % ±": "—", "expected/chance": "[dim]not calibrated[/]"})
+            if scored and r.scores:
+                s = r.scores
+                colour = "green" if s["iacc"] >= 0.999 else ("yellow" if s["iacc"] > s["chance_iacc"] else "red")
+                row |= {"iAcc": f"[{colour}]{s['iacc']:.3f}[/]", "cAcc": f"{s['cacc']:.3f}",
+                        "exact": f"{s['exact']:.3f}", "chance": f"{s['chance_iacc']:.3f}"}
+        rows.append(row)
+    return rows, reasons
+
+
+def _label_table(rows: Sequence[dict[str, str]], folded: Sequence[str] = (), counts_width: int | None = None
+                 ) -> Table:
+    """The labels table without the ``folded`` columns (their values go to lines below it); ``counts_width`` caps
+    the counts column (which wraps at spaces), to measure whether the table fits."""
+    table = Table(show_lines=False)
+    columns = [col for col in (rows[0] if rows else {"attack": ""}) if col not in folded]
+    for col in columns:
+        if col == "attack":
+            table.add_column(col, style="bold", no_wrap=True)
+        elif col == COUNTS:
+            table.add_column(col, overflow="fold", max_width=counts_width)
+        else:
+            table.add_column(col, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*[row[col] for col in columns])
+    return table
 
 
 COMPOSITION_SHORT = {"uniform": "uni", "dirichlet": "dir"}  # the labels table's expected/chance column
@@ -163,25 +194,53 @@ def print_tokens(console: Console, report: TokensReport) -> None:
                       f"{report.truth_tokens.get('targets', 0)} distinct targets"
                       + (f", {report.sensitive_tokens} sensitive (digits, capitals)"
                          if report.sensitive_tokens is not None else ""))
-    table = Table(show_lines=False)
-    for col in ("attack", "method", "tokens", "prec.", "recall", "F1", "chance", "sens."):
-        left = col in ("attack", "method")
-        table.add_column(col, justify="left" if left else "right", no_wrap=not left, overflow="fold",
-                         min_width=11 if left else None)
+    table = _token_table(report, method=True)
+    if not fits(console, table):  # fold: each attack's method into a line below, every score column kept
+        table = _token_table(report, method=False)
+    console.print(table)
+    if len(table.columns) < len(TOKEN_COLUMNS):
+        methods = "; ".join(f"{r.attack}: {r.method}" for r in report.results if r.method)
+        if methods:
+            console.print(f"[dim]method — {escape(methods)}[/]", soft_wrap=True)
     reasons: dict[str, list[str]] = {}  # one line per reason, naming every attack that gave it
+    for r in report.results:
+        if r.reason:
+            reasons.setdefault(r.reason, []).append(r.attack + (f" ({STATUS_WORDS.get(r.status, r.status)})"
+                                                                if r.status != "ok" else ""))
+    for reason, attacks in reasons.items():
+        console.print(f"[dim]{', '.join(attacks)}: {escape(reason)}[/]", soft_wrap=True)
+    if report.show_text:
+        console.print("[dim]decoded tokens: in the JSON report only (--format json or -o FILE)[/]")
+
+
+TOKEN_COLUMNS = ("attack", "method", "tokens", "prec.", "recall", "F1", "chance", "sens.")
+UNBOUNDED = 1 << 16  # a width no table reaches: fits() measures its widest rendering
+STATUS_WORDS = {"not_applicable": "not applicable"}  # the reason lines' words for a status
+STATUS_SHORT = {"not_applicable": "n/a"}  # the tokens table's cell for a status (the reason line below says why)
+
+
+def fits(console: Console, table: Table) -> bool:
+    """Whether ``table`` shows every cell whole, unwrapped, at the console's width (measured without a limit)."""
+    unbounded = console.options.update(width=UNBOUNDED)
+    return Measurement.get(console, unbounded, table).maximum <= console.options.max_width
+
+
+def _token_table(report: TokensReport, method: bool) -> Table:
+    """The token attacks' table (every score column; the method column only when asked)."""
+    table = Table(show_lines=False)
+    for col in TOKEN_COLUMNS:
+        if col == "method" and not method:
+            continue
+        left = col in ("attack", "method")
+        table.add_column(col, justify="left" if left else "right", no_wrap=col != "method")
     for r in report.results:
         sc = r.scores or {}
         cells = [f"{sc[k]:.3f}" if k in sc else "—" for k in ("precision", "recall", "f1", "chance_f1",
                                                                 "sensitive_recall")]
         found = (str(len(r.tokens)) if r.tokens else (f"len {r.max_length}" if r.max_length else "—"))
-        table.add_row(r.attack, r.method or "—", found if r.status == "ok" else r.status, *cells)
-        if r.reason:
-            reasons.setdefault(r.reason, []).append(r.attack)
-    console.print(table)
-    for reason, attacks in reasons.items():
-        console.print(f"[dim]{', '.join(attacks)}: {escape(reason)}[/]", soft_wrap=True)
-    if report.show_text:
-        console.print("[dim]decoded tokens: in the JSON report only (--format json or -o FILE)[/]")
+        table.add_row(r.attack, *([escape(r.method or "—")] if method else []),
+                      found if r.status == "ok" else STATUS_SHORT.get(r.status, r.status), *cells)
+    return table
 
 
 def print_text(console: Console, report: TextReport, written: Sequence[Path]) -> None:
@@ -194,14 +253,17 @@ def print_text(console: Console, report: TextReport, written: Sequence[Path]) ->
         console.print(f"{report.attack}: {report.status}: {escape(report.reason or '')}", soft_wrap=True)
     else:
         exact = sum(s.exact for s in report.sequences)
-        console.print(f"{report.attack}: {len(report.sequences)} sequence(s) recovered in {report.seconds:.1f} s, "
-                      f"{exact} passing every exactness test", soft_wrap=True)
+        to_last = sum(s.exact_up_to_last and not s.exact for s in report.sequences)
+        console.print(f"{report.attack}: {len(report.sequences)} sequence(s) recovered in {report.seconds:.1f} s: "
+                      f"{exact} exact (every token proven)"
+                      + (f", {to_last} more exact up to the last token (the last one solved from the LM head but "
+                         "not proven, or missing)" if to_last else ""), soft_wrap=True)
     sc = report.scores
     if sc:
         table = Table(show_lines=False)
-        for col in ("", "ROUGE-1", "ROUGE-2", "ROUGE-L", "exact", "token acc."):
-            table.add_column(col, justify="left" if not col else "right")
-        keys = ("rouge1", "rouge2", "rougeL", "exact_match", "token_accuracy")
+        for col in ("", "ROUGE-1", "ROUGE-2", "ROUGE-L", "exact", "up to last", "token acc."):
+            table.add_column(col, justify="left" if not col else "right", no_wrap=True)
+        keys = ("rouge1", "rouge2", "rougeL", "exact_match", "exact_up_to_last", "token_accuracy")
         table.add_row("recovered", *[f"{sc[k]:.3f}" if k in sc else "—" for k in keys])
         table.add_row("chance", *[f"{sc['chance_' + k]:.3f}" if "chance_" + k in sc else "—" for k in keys])
         if any(k.startswith("bag_only_") for k in sc):
@@ -209,7 +271,8 @@ def print_text(console: Console, report: TextReport, written: Sequence[Path]) ->
                                         for k in keys])
         console.print(table)
         console.print(f"[dim]against {report.truth_sequences} truth sequence(s), matched one to one; ROUGE over "
-                      "token ids[/]")
+                      "token ids; exact: every token in place; up to last: every token but the last[/]",
+                      soft_wrap=True)
     elif report.status == "ok":
         console.print("[dim]no ground truth beside the capture: not scored[/]")
     if written:
@@ -434,8 +497,9 @@ def print_audit(console: Console, report: Report) -> None:
     table = Table(show_lines=False, caption=f"captures in {escape(folder)}/" if folder else None,
                   caption_justify="left")
     table.add_column("capture", overflow="ellipsis", no_wrap=True, max_width=28)
-    for col in ("kind", "labels", "iAcc/chance", "images", "worst"):
-        table.add_column(col, no_wrap=col in ("kind", "iAcc/chance", "worst"))
+    what, score, shown = _audit_columns(report.captures)
+    for col in ("kind", what, score, shown, "worst"):
+        table.add_column(col, no_wrap=col in ("kind", score, "worst"))
     for c in report.captures:
         if c.status == "error":
             table.add_row(escape(names[c.capture.path]), "[red]error[/]", escape(c.error or ""), "", "", "")
@@ -480,6 +544,9 @@ def print_audit(console: Console, report: Report) -> None:
         console.print("[bold red]some captures could not be audited (exit 2)[/]")
     elif report.fail_on == "none":
         console.print(f"{_status('GATE OFF')}: {escape(verdict(report).headline)}")
+    elif report.inconclusive():
+        console.print(f"{_status('INCONCLUSIVE')}: a threat no attack could measure (GLEAK-NOT-ASSESSED; "
+                      "--accept-unassessed lets it pass) (exit 1)")
     elif report.failed():
         console.print(f"[bold red]FAIL[/]: a finding at or above --fail-on {report.fail_on}"
                       + (f" --fail-rounds {report.fail_rounds}" if report.fail_rounds != "any" else "") + " (exit 1)")
@@ -488,19 +555,61 @@ def print_audit(console: Console, report: Report) -> None:
                       + (f" --fail-rounds {report.fail_rounds}" if report.fail_rounds != "any" else ""))
 
 
+AUDIT_COLUMNS = {"image": ("labels", "iAcc/chance", "images"), "text": ("tokens", "recall/chance", "sentences"),
+                 "both": ("labels/tokens", "iAcc|recall/chance", "images/sentences")}
+
+
+def _audit_columns(captures: Sequence[CaptureReport]) -> tuple[str, str, str]:
+    """The audit table's three middle columns, named for what the captures are: an image classifier's (labels,
+    iAcc, images), a language model's (tokens, token recall, sentences), or both in one audit."""
+    kinds = {c.tokens is not None for c in captures if c.status != "error"}
+    return AUDIT_COLUMNS["both" if kinds == {True, False} else "text" if kinds == {True} else "image"]
+
+
 def _token_cells(c: CaptureReport) -> tuple[str, str, str]:
-    """A language model's capture in the audit table: (the best token attack, its recall / chance recall, images)."""
+    """A language model's capture in the audit table: (the best token attack, its recall / chance recall against
+    the truth, or expected from twin batches; the sentence attack in a few words)."""
     best = c.best_tokens()
     if best is not None:
         scores = best.scores or {}
-        return f"{best.attack} recall", f"{scores['recall']:.2f}/{scores.get('chance_recall', 0.0):.2f}", "— (text)"
+        return best.attack, f"{scores['recall']:.2f}/{scores.get('chance_recall', 0.0):.2f}", _sentence_cell(c)
+    expected = c.expected_tokens or {}
+    recall, chance = _mean_of(expected.get("recall")), _mean_of(expected.get("chance_recall"))
+    if recall is not None:
+        return (f"{expected.get('attack', 'tokens')} expected",
+                f"{recall:.2f}/" + (f"{chance:.2f}" if chance is not None else "—"), _sentence_cell(c))
     ran = [t.attack for t in c.tokens or [] if t.status == "ok"]
-    return ("tokens, no truth" if ran and c.truth is None else "no token attack scored"), "—", "— (text)"
+    return ("no truth" if ran and c.truth is None else "none scored"), "—", _sentence_cell(c)
+
+
+def _mean_of(value: Any) -> float | None:
+    """A number, or the mean of a {mean, min, max} summary (twin batches), else None."""
+    if isinstance(value, Mapping):
+        value = value.get("mean")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _sentence_cell(c: CaptureReport) -> str:
+    """The sentence reconstruction of a language model's capture in a few words: ROUGE-1 against the truth or
+    expected from twins, else its status."""
+    entry = c.sentences
+    if entry is None:
+        return "—"
+    if entry.status != "ok":
+        return f"{entry.attack} {STATUS_WORDS.get(entry.status, entry.status)}"
+    if entry.scores and entry.scores.get("rouge1") is not None:
+        return f"{entry.attack} ROUGE-1 {entry.scores['rouge1']:.2f}"
+    rouge1 = _mean_of((entry.expected or {}).get("rouge1"))
+    if rouge1 is not None:
+        return f"{entry.attack} expected ROUGE-1 {rouge1:.2f}"
+    return f"{entry.attack} {entry.sequences} unscored"
 
 
 def _status(status: str) -> str:
-    """The verdict word, styled: FAIL and ERROR red, PASS green, GATE OFF plain (never green)."""
-    style = {"FAIL": "bold red", "ERROR": "bold red", "PASS": "bold green"}.get(status, "bold")
+    """The verdict word, styled: FAIL and ERROR red, INCONCLUSIVE yellow, PASS green, GATE OFF plain (never
+    green)."""
+    style = {"FAIL": "bold red", "ERROR": "bold red", "INCONCLUSIVE": "bold yellow", "PASS": "bold green"}.get(
+        status, "bold")
     return f"[{style}]{status}[/]"
 
 

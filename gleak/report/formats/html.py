@@ -265,7 +265,9 @@ def _sentence_row(capture: CaptureReport) -> dict[str, Any] | None:
     if entry is None:
         return None
     scores = entry.scores or entry.expected or {}
-    return {"attack": entry.attack, "status": entry.status, "found": str(entry.sequences), "exact": str(entry.exact),
+    exact = str(entry.exact) + (f" ({entry.exact_up_to_last} up to the last token)"
+                                if entry.exact_up_to_last > entry.exact else "")
+    return {"attack": entry.attack, "status": entry.status, "found": str(entry.sequences), "exact": exact,
             "against": "truth" if entry.scores else ("expected (twins)" if entry.expected else ""),
             "scores": [format_number(scores.get(k)) if k in scores else "" for k in SENTENCE_SCORE_KEYS],
             "seconds": f"{entry.seconds:.2f}", "reason": entry.reason or ""}
@@ -409,7 +411,8 @@ def sweep_context(sweep: SweepReport | None) -> dict[str, Any] | None:
             "tradeoff": {"title": privacy_utility_title(sweep), "svg": Markup(tradeoff[tradeoff.index("<svg"):])}}
 
 
-VERDICT_CLASS = {"PASS": "pass", "FAIL": "fail", "GATE OFF": "off", "ERROR": "error"}
+VERDICT_CLASS = {"PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive", "GATE OFF": "off",
+                 "ERROR": "error"}
 MAX_NAMED = 5  # captures named under a grouped notice (the JSON lists them all)
 MAX_OPEN_LIST = 20  # longer lists (captures, findings past the worst 20) start collapsed
 

@@ -31,7 +31,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from gleak.report.model import CaptureReport, Finding, Report, RunView, severity_rank
+from gleak.report.model import NOT_ASSESSED, CaptureReport, Finding, Report, RunView, severity_rank
 from gleak.report.run_view import gate_text
 
 NAME = "junit"
@@ -52,6 +52,7 @@ CHECK_OF_RULE: dict[str, str] = {
     "GLEAK-TEXT-TOKENS": "tokens",
     "GLEAK-TEXT": "text",
     "GLEAK-TEXT-EXPECTED": "text",
+    "GLEAK-TEXT-TOKENS-EXPECTED": "tokens",
 }
 
 # Everything outside XML 1.0's Char production: C0 controls but tab/newline/return, surrogates, U+FFFE/U+FFFF.
@@ -64,8 +65,13 @@ def xml_text(text: str) -> str:
                         else f"\\u{ord(m.group()):04x}", text)
 
 
-def check_of(rule: str) -> str:
-    """The check (test case name) a finding type belongs to."""
+THREAT_CHECK = {"labels": "labels", "images": "images", "tokens": "tokens", "sentences": "text"}
+
+
+def check_of(rule: str, threat: str | None = None) -> str:
+    """The check (test case name) a finding type belongs to; GLEAK-NOT-ASSESSED: the check of its threat."""
+    if rule == NOT_ASSESSED and threat in THREAT_CHECK:
+        return THREAT_CHECK[str(threat)]
     return CHECK_OF_RULE.get(rule) or rule.removeprefix("GLEAK-").lower()
 
 
@@ -253,16 +259,16 @@ def build(report: Report) -> ET.Element:
             continue
         suite.case(path, "input", 0.0)
         base = TEXT_CHECKS if capture.tokens is not None else CHECKS
-        checks = list(base) + sorted({check_of(f.rule) for f in findings} - set(base))
+        checks = list(base) + sorted({check_of(f.rule, f.metric) for f in findings} - set(base))
         for check in checks:
-            mine = [f for f in findings if check_of(f.rule) == check]
+            mine = [f for f in findings if check_of(f.rule, f.metric) == check]
             suite.check(path, check, mine, _skip_reason(capture, check), _check_seconds(capture, check),
                         _gated(report, capture))
     for path, findings in by_capture.items():  # findings on a capture the report does not list
         if path in seen:
             continue
-        for check in sorted({check_of(f.rule) for f in findings}):
-            suite.check(path, check, [f for f in findings if check_of(f.rule) == check], None, 0.0)
+        for check in sorted({check_of(f.rule, f.metric) for f in findings}):
+            suite.check(path, check, [f for f in findings if check_of(f.rule, f.metric) == check], None, 0.0)
 
     suites = [suite] + ([_rounds_suite(report, report.run)] if report.run is not None else [])
     totals = [s.totals(report.seconds if i == 0 else 0.0) for i, s in enumerate(suites)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from gleak.report.model import AttackEntry, CaptureReport, Report, RoundSummary, RunPrivacy, RunView, severity_rank
@@ -173,6 +174,18 @@ def _token_row(name: str, capture: CaptureReport) -> str:
     return f"| {name} | ok | {md_escape(best.attack)} (token recall) | {_num(recall)} | {margin:+.3f} | {text} |"
 
 
+CAPTURE_HEADERS = {
+    "image": "| Capture | Status | Best label attack | iAcc | Over chance | Images (identification in lineups) |",
+    "text": "| Capture | Status | Best token attack | Token recall | Over chance | Sentences |",
+    "both": "| Capture | Status | Best label / token attack | iAcc / token recall | Over chance | Images / sentences |"}
+
+
+def _captures_header(captures: Sequence[CaptureReport]) -> str:
+    """The captures table's header, named for what they are: an image classifier's, a language model's, or both."""
+    kinds = {c.tokens is not None for c in captures if c.status != "error"}
+    return CAPTURE_HEADERS["both" if kinds == {True, False} else "text" if kinds == {True} else "image"]
+
+
 def _sentences(capture: CaptureReport) -> str:
     """The images column of a language model's capture: its sentence reconstruction in a few words."""
     entry = capture.sentences
@@ -184,13 +197,15 @@ def _sentences(capture: CaptureReport) -> str:
     if not sc:
         return f"{entry.attack}: {entry.sequences} sequences (not scored)"
     what = "ROUGE-1" if entry.scores else "expected ROUGE-1"
-    return f"{entry.attack}: {what} {_num(float(sc.get('rouge1') or 0.0))}, {entry.exact}/{entry.sequences} exact"
+    return (f"{entry.attack}: {what} {_num(float(sc.get('rouge1') or 0.0))}, {entry.exact}/{entry.sequences} exact"
+            + (f", {entry.exact_up_to_last}/{entry.sequences} up to the last token"
+               if entry.exact_up_to_last > entry.exact else ""))
 
 
 def render(report: Report, out_dir: Path | None = None) -> str:
     """The summary as GitHub-flavoured Markdown (``out_dir`` is not needed: nothing is embedded)."""
     answer = verdict(report)
-    icon = {"FAIL": "❌", "ERROR": "❌", "GATE OFF": "⚪", "PASS": "✅"}[answer.status]
+    icon = {"FAIL": "❌", "ERROR": "❌", "INCONCLUSIVE": "⚠️", "GATE OFF": "⚪", "PASS": "✅"}[answer.status]
     worst = report.worst()
     lines = [
         f"## {icon} gleak audit: **{answer.status}**",
@@ -219,9 +234,7 @@ def render(report: Report, out_dir: Path | None = None) -> str:
     if report.run is not None and has_run(report):
         lines += run_section(report, report.run)
     if report.captures:
-        lines += ["### Captures", "",
-                  "| Capture | Status | Best label attack | iAcc | Over chance | Images (identification in lineups) |",
-                  "|---|---|---|---:|---:|---:|"]
+        lines += ["### Captures", "", _captures_header(report.captures), "|---|---|---|---:|---:|---:|"]
         lines += [_capture_row(c) for c in report.captures]
         lines.append("")
     if report.notices:

@@ -154,6 +154,37 @@ RULES: dict[str, RuleInfo] = {
             "measurement of this batch).\n\n"
             "## Mitigations\n\n" + _MITIGATIONS),
         default_severity="high"),
+    "GLEAK-TEXT-TOKENS-EXPECTED": RuleInfo(
+        name="ExpectedTokenLeakage",
+        short="Batches like this client's give away their tokens: token attacks recover twin batches of the "
+              "auxiliary text.",
+        full=("Without ground truth, gleak simulated batches like this capture's (same model and adapter, batch "
+              "size, length, local steps and optimiser) from the --aux text and ran the token attacks on them; the "
+              "recall, precision and sensitive-token recall are an expectation for this client's batches."),
+        help_markdown=(
+            "# Expected token leakage (GLEAK-TEXT-TOKENS-EXPECTED)\n\n"
+            "No truth was beside the capture. gleak drew twin batches from the --aux text, simulated the client's "
+            "round on each with the capture's model and settings, ran the token attacks that ran on the capture "
+            "and scored them against each twin. The severity follows the GLEAK-TEXT-TOKENS ladder on the best "
+            "attack's mean recall, capped at high; the message gives the range over the twins.\n\n"
+            "## Mitigations\n\n" + _MITIGATIONS
+            + "- **Freeze the token embeddings and the LM head** (e.g. LoRA on the attention and MLP layers only).\n"),
+        default_severity="high"),
+    "GLEAK-NOT-ASSESSED": RuleInfo(
+        name="LeakageNotAssessed",
+        short="A threat of this capture could not be measured: no attack could assess it, so the gate cannot pass.",
+        full=("Every attack that applies to this threat (labels, images, tokens or sentences) refused, failed or "
+              "raised, or what they recovered could be scored neither against a truth file nor against batches "
+              "simulated like the capture's. No leak was found, and none was ruled out."),
+        help_markdown=(
+            "# Leakage not assessed (GLEAK-NOT-ASSESSED)\n\n"
+            "The finding names the threat and why nothing measured it (an attack's one-line reason: a rank "
+            "refusal, a time share reached, no --aux data for twin batches). The verdict is INCONCLUSIVE and the "
+            "gate fails, whatever --fail-on (but none), unless --accept-unassessed (GLEAK_ACCEPT_UNASSESSED, "
+            "accept_unassessed in a config file) accepts such captures; the finding is then info.\n\n"
+            "## What to do\n\n- Give the truth file or --aux data like the client's, so the leakage can be "
+            "measured or expected.\n- Run a larger --budget where an attack stopped at its time share.\n"),
+        default_severity="high"),
     "GLEAK-DP-BUDGET": RuleInfo(
         name="PrivacyBudgetExceeded",
         short="A client's cumulative privacy loss ε exceeds the budget set with --max-epsilon.",

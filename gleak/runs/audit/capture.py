@@ -26,6 +26,7 @@ from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import LoadedModel
 from gleak.report.model import AttackEntry, CaptureReport, EpsilonTerms, FileRef, Finding, Notice
 from gleak.report.privacy import terms_of
+from gleak.runs.audit.coverage import image_coverage, label_coverage, not_assessed_findings
 from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
 from gleak.runs.audit.setup import (
@@ -33,6 +34,7 @@ from gleak.runs.audit.setup import (
     STANDARD_ITERATIONS,
     AuditConfig,
     ModelSet,
+    budget_deadline,
     pick_aux,
     pick_text_aux,
 )
@@ -40,7 +42,8 @@ from gleak.runs.audit.text import audit_text
 from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import NO_LINEUP, finite, identification_of
-from gleak.text_data import TextData
+from gleak.text_data import TextData, check_token_batch_fits
+from gleak.timebox import current, running
 
 CaptureResult = tuple[CaptureReport, list[Finding], list[Notice]]
 
@@ -95,9 +98,22 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
 
     A language model's capture (``gleak.modality`` text, its truth a :class:`~gleak.capture.TextTruth`) gets the
     token attacks instead (:func:`gleak.runs.audit.text.audit_text`): ``model_folder``, the Hugging Face folder,
-    lends its tokenizer to count the sensitive tokens recovered; the report never holds decoded text."""
+    lends its tokenizer to count the sensitive tokens recovered; the report never holds decoded text.
+
+    Everything runs under the budget's deadline (:func:`~gleak.runs.audit.setup.budget_deadline`, also
+    ``ctx.deadline``): an attack that reaches its share stops and says so in its reason."""
     started = time.perf_counter() if started is None else started
     config = config.resolved()
+    # the budget's time counts from when this capture was opened (``started``)
+    with running(budget_deadline(config.budget, config.time_limit, time.perf_counter() - started)):
+        return _audit_loaded(capture, loaded, auxes, config, truth, out_dir, name, report, started, cache,
+                             calibration_cache, model_folder)
+
+
+def _audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Path, Dataset | TextData]],
+                  config: AuditConfig, truth: Truth | TextTruth | None, out_dir: Path | None, name: str | None,
+                  report: CaptureReport | None, started: float, cache: dict[tuple[Any, ...], dict[str, Any]] | None,
+                  calibration_cache: CalibrationCache | None, model_folder: Path | None) -> CaptureResult:
     label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
     report = report or CaptureReport(capture=FileRef(path=label), round=capture.get("gleak.fl.round"),
                                      client=capture.get("gleak.fl.client_id"),
@@ -112,6 +128,10 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
         ctx = build_context(capture, loaded, None, resolve_device(config.device), config.seed,
                             allow_model_mismatch=config.allow_model_mismatch,
                             max_memory=config.memory_limit)
+        ctx.deadline = current()
+        if ctx.text_model is not None and isinstance(truth, TextTruth):  # ids and lengths the model can take
+            check_token_batch_fits(truth.input_ids, truth.attention_mask, ctx.text_model.vocab_size,
+                                   ctx.text_model.n_positions, "the ground truth")
         if ctx.text_model is not None or isinstance(truth, TextTruth):
             return _audit_text(ctx, truth, config, report, started, stages, mark, model_folder,
                                pick_text_aux(auxes))
@@ -180,16 +200,20 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
         why = not_expected_reason(ctx, config)  # says the budget skips it
         if why:
             notices.append(Notice(code="IMAGES_NOT_EXPECTED", capture=path, message=why))
+    expected_why = None
     if truth is None and entry is not None and entry.status == "ok":
         mark = time.perf_counter()
-        report.expected_images, why = expected_images(ctx, config, entry.attack, bounds)
-        if why:
-            report.skipped.append(why)
-            notices.append(Notice(code="IMAGES_NOT_EXPECTED", capture=path, message=why))
+        report.expected_images, expected_why = expected_images(ctx, config, entry.attack, bounds)
+        if expected_why:
+            report.skipped.append(expected_why)
+            notices.append(Notice(code="IMAGES_NOT_EXPECTED", capture=path, message=expected_why))
         expected = expected_image_finding(report, config.thresholds)
         if expected is not None:
             findings.append(expected)
         stages["expected_images"] = round(time.perf_counter() - mark, 6)
+    report.coverage = [label_coverage(report), image_coverage(report, entry, skipped, truth is not None,
+                                                              name is None and config.budget == "quick", expected_why)]
+    findings += not_assessed_findings(report, config.accept_unassessed)
     notices += notices_for(ctx, report, path, bool(auxes))
     report.seconds = round(time.perf_counter() - started, 3)
     return report, findings, notices

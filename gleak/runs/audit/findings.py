@@ -30,12 +30,19 @@ Findings and their thresholds (defaults in :class:`~gleak.report.model.Threshold
   ladder and thresholds on recall: critical when the recovered set is exactly the batch's (recall and precision 1,
   ``labels_critical``), high at recall ≥ ``labels_high``, medium / low at recall − chance recall ≥ the label
   margins. Its message gives recall, chance and the share of sensitive tokens (a digit or a capital first letter)
-  recovered — never the tokens' text. Without truth there is no finding, only the notice NO_TRUTH.
+  recovered — never the tokens' text.
+* ``GLEAK-TEXT-TOKENS-EXPECTED`` (a language model's capture without truth, ``--aux`` text) — the same ladder (never
+  critical) on the best token attack's mean recall over twin batches simulated like the capture's, with the range
+  over the twins, precision and sensitive-token recall beside chance.
+* ``GLEAK-NOT-ASSESSED`` — a threat that applies to the capture (labels and images; tokens and sentences) that no
+  attack could measure, or whose applicable attack failed (:mod:`gleak.runs.audit.coverage`): high, so the default
+  gate fails and the verdict is INCONCLUSIVE; info under ``--accept-unassessed``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from gleak.attacks.context import Context
@@ -239,6 +246,40 @@ def token_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
         detail=detail + "; token ids only: the audit never shows decoded text")
 
 
+def expected_token_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
+    """GLEAK-TEXT-TOKENS-EXPECTED: without truth, the best token attack's mean recall on twin batches simulated like
+    this capture's (``report.expected_tokens``), by the GLEAK-TEXT-TOKENS ladder on recall over chance; never
+    critical (an expectation for batches like this one, not a measurement of this one)."""
+    ex = report.expected_tokens
+    if not ex:
+        return None
+    recall, chance = ex["recall"], ex.get("chance_recall", {"mean": 0.0})
+    precision = ex.get("precision", {"mean": 0.0})
+    severity, threshold = label_severity(float(recall["mean"]), float(chance["mean"]), th, exact=False)
+    if severity is None:
+        return None
+    sensitive = ex.get("sensitive_recall")
+    shared = (f", {sensitive['mean']:.0%} of their sensitive ones" if sensitive is not None
+              else ", sensitive tokens not counted (no tokenizer beside the model)")
+    twins = int(ex["twins"])
+    interval = (f" (range {recall['min']:.0%}–{recall['max']:.0%} over {twins} twin batches)" if twins > 1
+                else " (1 twin batch)")
+    return Finding(
+        rule="GLEAK-TEXT-TOKENS-EXPECTED", severity=severity, capture=report.capture.path, attack=str(ex["attack"]),
+        title=f"batches like this one give away their tokens: {ex['attack']} recovers {recall['mean']:.0%} of a "
+              f"twin batch's distinct tokens{interval} at precision {precision['mean']:.0%} (chance "
+              f"{chance['mean']:.0%}){shared}",
+        measured=round(float(recall["mean"]), 4), metric="expected_token_recall",
+        chance=round(float(chance["mean"]), 4), threshold=round(threshold, 4),
+        detail=f"no ground truth; {twins} twin batch{'es' if twins != 1 else ''} drawn from "
+               f"{Path(str(ex.get('aux'))).name}, simulated like this capture (same model and adapter, B, length, "
+               f"steps, learning rate and optimiser) and attacked the same way; precision {precision['mean']:.3f} "
+               f"(range {precision['min']:.3f}–{precision['max']:.3f})"
+               + (f", sensitive-token recall {sensitive['mean']:.3f} (range {sensitive['min']:.3f}–"
+                  f"{sensitive['max']:.3f})" if sensitive is not None else "")
+               + "; an expectation for this client's batches, not a measurement of this one; token ids only")
+
+
 def image_severity(kappa: float, low: float, chance: float, th: Thresholds,
                    highest: Severity = "critical") -> tuple[Severity | None, float]:
     """The GLEAK-IMAGES ladder on identification over chance κ; nothing unless the rate's interval lies above
@@ -314,6 +355,9 @@ NOTICE_CODES = {
                       "bound (the message names the round)",
     "SENSITIVE_TOKENS_UNKNOWN": "a language model's capture audited without its folder's tokenizer: the share of "
                                 "sensitive tokens recovered is not measured",
+    "NO_TEXT_AUX": "a language model's capture without truth nor --aux text: its leakage is not scored",
+    "TEXT_EXPECTED_SKIPPED": "without truth, the twin batches of the --aux text measured nothing (the message says "
+                             "why)",
     "MAX_EPSILON_UNUSED": "--max-epsilon was given but no capture records DP (gleak.dp.* or Flower's LocalDpMod)",
 }
 

@@ -38,7 +38,7 @@ def run_audit(captures: Sequence[Path], model_paths: Sequence[Path], aux_paths: 
     files = find_captures(captures)
     model_files = find_models(model_paths)
     report = Report(gleak_version=__version__, command=list(config.command), budget=config.budget,
-                    fail_on=config.fail_on, fail_rounds=config.fail_rounds,
+                    fail_on=config.fail_on, fail_rounds=config.fail_rounds, accept_unassessed=config.accept_unassessed,
                     seed=config.seed, device=str(resolve_device(config.device)),
                     threads=torch.get_num_threads(), thresholds=config.thresholds, jobs=jobs, executor=executor)
     store = ModelSet.load(model_files, config, hashes=hashes)  # every file hashed once, one model in memory at a time

@@ -10,8 +10,6 @@ Only counts and scores enter the report: recovered sequences are the client's te
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,127 +17,75 @@ from gleak.attacks import Context, run_attack
 from gleak.attacks.base import TextOutput
 from gleak.attacks.registry import get_attack
 from gleak.capture import TextTruth
-from gleak.errors import GleakError
-from gleak.report.model import CaptureReport, Finding, Notice, SentenceResult
+from gleak.report.model import CaptureReport, Finding, SentenceResult
 from gleak.runs.audit.findings import label_severity
 from gleak.runs.audit.setup import AuditConfig
-from gleak.runs.text import score_sequences, truth_sequences
+from gleak.runs.audit.twins import Twin, spread
+from gleak.runs.text import score_sequences, sequence_exactness, truth_sequences
 from gleak.settings.values import Thresholds
-from gleak.text_data import TextData
 
 ATTACK = "dager"
 BASELINE = "tag"  # gradient matching: only at the full budget, where DAGER's precondition fails
-TEXT_TWINS = {"quick": 2, "standard": 2, "full": 4}  # twin batches per capture without truth (DAGER is analytic)
+DAGER_SHARE = 0.5  # at the full budget, of the time left: DAGER's share, the rest for tag where DAGER fails
 
 
-def audit_sentences(ctx: Context, truth: TextTruth | None, config: AuditConfig, report: CaptureReport,
-                    model_folder: Path | None, text_aux: tuple[Path, TextData] | None
-                    ) -> tuple[list[Finding], list[Notice]]:
-    """Fill ``report.sentences``; the GLEAK-TEXT or GLEAK-TEXT-EXPECTED finding and notices."""
+def audit_sentences(ctx: Context, truth: TextTruth | None, config: AuditConfig, report: CaptureReport
+                    ) -> list[Finding]:
+    """Fill ``report.sentences`` with the sentence attack on the capture (DAGER; tag at the full budget where DAGER
+    fails), scored against the truth when it is there; the GLEAK-TEXT finding."""
     spec = ctx.text_model
-    path = report.capture.path
     if spec is None:
-        return [], []
+        return []
     attack = get_attack(ATTACK, "text")
     attack.configure(config.attack_options(ATTACK))
-    result = run_attack(attack, ctx)
+    result = run_attack(attack, ctx.sharing(ATTACK, fraction=DAGER_SHARE if config.budget == "full" else None))
     if result.status != "ok" and config.budget == "full":
         # DAGER's precondition failed (the batch is beyond the span's room): the optimisation baseline, whose
         # budget only the full audit affords
         report.skipped.append(f"{ATTACK}: {result.reason}; the full budget runs {BASELINE} instead")
         attack = get_attack(BASELINE, "text")
         attack.configure(config.attack_options(BASELINE))
-        result = run_attack(attack, ctx)
+        result = run_attack(attack, ctx.sharing(BASELINE))
     out = result.output if isinstance(result.output, TextOutput) else None
+    exact, up_to_last = sequence_exactness(out, spec) if out else ([], [])
     entry = SentenceResult(attack=attack.name, status=result.status, reason=result.reason,
                            seconds=round(result.seconds, 3), sequences=len(out.sequences) if out else 0,
-                           exact=sum(out.exact) if out else 0)
+                           exact=sum(exact), exact_up_to_last=sum(up_to_last))
     report.sentences = entry
     if result.status != "ok":
         report.skipped.append(f"{attack.name}: {result.reason}")
-    findings: list[Finding] = []
-    notices: list[Notice] = []
-    if truth is not None:
-        if out is not None:
-            entry.scores, _ = score_sequences(out.sequences, truth_sequences(truth), spec.vocab_size)
-            finding = text_finding(report, config.thresholds)
-            if finding is not None:
-                findings.append(finding)
-        return findings, notices
-    if text_aux is None:
-        notices.append(Notice(code="NO_TEXT_AUX", capture=path, message=(
-            "no ground truth and no --aux text: how much of the batch's text leaks is not measured; give --aux "
-            "FILE.txt (text like the client's) for the expected leakage of batches like this one")))
-        return findings, notices
-    twins = TEXT_TWINS.get(config.budget, 2)
-    try:
-        entry.expected = expected_scores(ctx, text_aux, twins, config, model_folder)
-    except GleakError as e:
-        notices.append(Notice(code="TEXT_EXPECTED_SKIPPED", capture=path, message=str(e)))
-        return findings, notices
-    finding = expected_text_finding(report, config.thresholds)
-    if finding is not None:
-        findings.append(finding)
-    return findings, notices
+    if truth is None or out is None:
+        return []
+    entry.scores, _ = score_sequences(out.sequences, truth_sequences(truth), spec.vocab_size)
+    finding = text_finding(report, config.thresholds)
+    return [finding] if finding is not None else []
 
 
-def expected_scores(ctx: Context, text_aux: tuple[Path, TextData], twins: int, config: AuditConfig,
-                    model_folder: Path | None) -> dict[str, Any]:
-    """DAGER's mean scores on ``twins`` batches drawn from the aux text, each simulated as the capture was made
-    (same model, B, truncation length, FedSGD or the recorded local steps and learning rate; a LoRA capture's twins
-    train the same adapter from the global one beside it; a classifier's twins need labelled aux text) and scored
-    against itself."""
-    from gleak.attacks.tokens.lora import load_global_adapter
-    from gleak.models.peft import LoraSpec, spec_of_config
-    from gleak.models.text import load_tokenizer
-    from gleak.simulate import ClientConfig
-    from gleak.simulate_text import TextClientOptions, simulate_lora_client, simulate_text_client
+def twin_sentence_scores(twin: Twin, config: AuditConfig, name: str) -> tuple[dict[str, float] | None, str | None]:
+    """The sentence attack ``name`` on one twin batch, scored against the twin's truth; (None, why) when it did not
+    finish on the twin (then the twin measures nothing: an empty answer is not "no leak")."""
+    spec = twin.ctx.text_model
+    if spec is None:
+        raise TypeError("a twin of a language model's capture")
+    attack = get_attack(name, "text")
+    attack.configure(config.attack_options(name))
+    result = run_attack(attack, twin.ctx)
+    out = result.output if isinstance(result.output, TextOutput) else None
+    if result.status != "ok" or out is None:
+        return None, f"{name} {result.status} on a twin: {result.reason or result.status}"
+    scores, _ = score_sequences(out.sequences, truth_sequences(twin.truth), spec.vocab_size)
+    return {k: float(scores.get(k) or 0.0) for k in EXPECTED_KEYS} | {"seconds": result.seconds}, None
 
-    spec, model = ctx.text_model, ctx.model
-    if spec is None or model is None or model_folder is None:
-        raise GleakError("expected text leakage needs the model's Hugging Face folder")
-    lora: tuple[LoraSpec, dict[str, Any]] | None = None
-    if ctx.capture.get("gleak.peft.type") is not None:
-        # the twins fine-tune the same adapter from the global one beside the capture, which DAGER also reads
-        stored = load_global_adapter(ctx.capture.path)
-        if stored is None:
-            raise GleakError("expected text leakage of a LoRA capture needs its global adapter beside it "
-                             "(NAME.adapter/, as gleak simulate --peft and the Flower mod write it)")
-        lora = (spec_of_config(stored[0]), stored[1])
-    tokenizer = load_tokenizer(model_folder, trust_remote_code=config.trust_remote_code)
-    b = ctx.batch_size or 1
-    steps = ctx.local_steps
-    lr = float(ctx.capture.get("gleak.learning_rate") or 0.01)
-    path, data = text_aux
-    if len(data) < b:
-        raise GleakError(f"--aux {path.name} has {len(data)} examples, fewer than a batch of {b}")
-    totals: dict[str, float] = {}
-    for k in range(twins):
-        client = ClientConfig(batch_size=b, local_steps=steps, scheme="fedsgd" if steps == 1 else "fedavg",
-                              learning_rate=lr, optimizer=str(ctx.capture.get("gleak.optimizer") or "sgd"),
-                              train_mode=False, seed=ctx.seed + 1000 + k)
-        classes = ctx.capture.get("gleak.num_classes")
-        options = TextClientOptions(task=spec.task, max_length=spec.max_length,
-                                    num_labels=int(classes) if isinstance(classes, int) else None)
-        if lora is None:
-            capture, twin_truth = simulate_text_client(model, tokenizer, data, client, options)
-        else:
-            capture, twin_truth, _ = simulate_lora_client(model, tokenizer, data, client, options, lora[0],
-                                                          start=lora[1])
-            capture.path = ctx.capture.path  # the same global adapter beside it
-        twin = dataclasses.replace(ctx, capture=capture, batch_size=capture.batch_size, _cache={})
-        attack = get_attack(ATTACK, "text")
-        attack.configure(config.attack_options(ATTACK))
-        started = time.perf_counter()
-        result = run_attack(attack, twin)
-        out = result.output if isinstance(result.output, TextOutput) else None
-        predicted = out.sequences if out is not None else []
-        scores, _ = score_sequences(predicted, truth_sequences(twin_truth), spec.vocab_size)
-        scores["seconds"] = time.perf_counter() - started
-        for key in ("rouge1", "rouge2", "exact_match", "exact_up_to_last", "chance_rouge1"):
-            totals[key] = totals.get(key, 0.0) + float(scores.get(key) or 0.0) / twins
-        totals["seconds"] = totals.get("seconds", 0.0) + scores["seconds"]
-    return {"twins": twins, "aux": str(path), **{k: round(v, 4) for k, v in totals.items()}}
+
+EXPECTED_KEYS = ("rouge1", "rouge2", "exact_match", "exact_up_to_last", "chance_rouge1")
+
+
+def expected_sentences(per_twin: list[dict[str, float]], aux: Path) -> dict[str, Any]:
+    """The mean of the twins' sentence scores (``SentenceResult.expected``), with the range of ROUGE-1."""
+    n = len(per_twin)
+    mean = {k: round(sum(t[k] for t in per_twin) / n, 4) for k in EXPECTED_KEYS}
+    return {"twins": n, "aux": str(aux), **mean, "rouge1_range": spread([t["rouge1"] for t in per_twin]),
+            "seconds": round(sum(t["seconds"] for t in per_twin), 3)}
 
 
 def text_severity(rouge1: float, chance: float, exact: float, th: Thresholds) -> tuple[Any, float]:

@@ -4,6 +4,7 @@ weights' hash and picks the auxiliary data that fits it."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,13 +23,20 @@ from gleak.runs.inputs import memory_limit
 from gleak.settings.audit import AuditSettings
 from gleak.settings.values import BUDGETS, EXECUTORS, FAIL_ON, FAIL_ROUNDS_EXPECTED, normal_fail_rounds
 from gleak.text_data import TextData
+from gleak.timebox import Clock, Deadline
 
-__all__ = ["BUDGETS", "EXECUTORS", "FAIL_ON", "AuditConfig", "HashCache", "ModelSet", "find_captures", "find_models",
-           "parse_fail_rounds"]
+__all__ = ["BUDGETS", "BUDGET_SECONDS", "EXECUTORS", "FAIL_ON", "AuditConfig", "HashCache", "ModelSet",
+           "budget_deadline", "find_captures", "find_models", "parse_fail_rounds"]
 # budget -> iterations of the bounded gradient-matching run (None: the attack's default); quick runs none
 STANDARD_ITERATIONS = {"adam": 500, "lbfgs": 50}
 # budget -> twin batches simulated to expect the image leakage of a capture without truth (quick: none)
 EXPECTED_TWINS: dict[str, int] = {"quick": 0, "standard": 2, "full": 4}
+# budget -> the most wall time (seconds) the audit of one capture takes: stated for 2 cores and a language model's
+# B = 8 × 150-token capture at d = 768, and kept for any capture by the deadline of budget_deadline
+BUDGET_SECONDS: dict[str, float] = {"quick": 120.0, "standard": 600.0, "full": 1200.0}
+# kept back from each budget for what runs outside the attacks' checkpoints: start-up, opening the capture, the model's
+# first load, scoring, the report, and the last step an attack takes before it sees its deadline
+RESERVE_SHARE, RESERVE_MIN = 0.1, 30.0
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".pt2")
 CAPTURE_KINDS = ("gradient", "update")
 FORWARD_CACHE_ENTRIES = 8  # (model, aux, mode) combinations whose aux forwards an audit keeps
@@ -56,6 +64,18 @@ class AuditConfig(AuditSettings):
         """What configures attack ``name``: the budget's bounds (e.g. ``{"iterations": 500}``), then the user's
         ``-O`` values, which win."""
         return {**(budget or {}), **self.options.get(name, {})}
+
+
+def budget_deadline(budget: str, seconds: float | None = None, spent: float = 0.0, clock: Clock = time.monotonic
+                    ) -> Deadline:
+    """The deadline of one capture's attacks under ``budget``: its :data:`BUDGET_SECONDS` (or ``seconds``, the
+    --time-limit) less the reserve (:data:`RESERVE_SHARE` of it, at least :data:`RESERVE_MIN` s, at most half) and
+    less the seconds already ``spent`` on the capture (opening it), from now. The audit's stages take shares of it
+    (:meth:`gleak.timebox.Deadline.share`)."""
+    total = BUDGET_SECONDS[budget] if seconds is None else seconds
+    reserve = min(max(RESERVE_SHARE * total, RESERVE_MIN), total / 2)
+    named = budget if seconds is None else f"{budget}, --time-limit {total:g}"
+    return Deadline.after(max(0.0, total - reserve - spent), "audit", budget=named, clock=clock)
 
 
 def parse_fail_rounds(value: str, origin: Origin | None = None) -> str:

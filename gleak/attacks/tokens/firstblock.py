@@ -1,0 +1,195 @@
+"""The first block's span test as a check of the token bag of a full fine-tuning capture (METHODS-text §1.4, §3.4;
+DAGER's layer-1 token sets, Petrov et al., NeurIPS 2024).
+
+The first block's attention projections (GPT-2's c_attn, q/k/v of LLaMA-style models) read inputs u that depend
+only on the token (and, with learned positions, its position): u = LN(E[v] + P[p]), or RMSNorm(E[v]). Their weight
+gradient Σ_t δ_t u_tᵀ keeps span{u_t}, so while the batch has fewer distinct such inputs than the width, a
+candidate token belongs to the batch's inputs exactly when its u lies in that span (at some position). The test
+is independent of the embedding gradient the bag is read from, which makes it the check of that bag's cut.
+
+As for the bag's own separation, no ratio decides: on a model that knows its domain the δ_t of confident
+positions are tiny, the gradient's singular values decay over decades without a drop at the number of inputs, and
+a rank read at a fixed drop either refuses (full rank) or keeps a span so wide that its threshold admits absent
+tokens. The rank is chosen by the separation instead:
+
+* :func:`first_block` — the right singular vectors of the first token-wise projections' weight gradients (each
+  scaled to unit Frobenius norm, stacked), or a one-line :class:`~gleak.errors.GleakError` saying why there is none;
+* :func:`distance_sweep` — for chosen tokens and a grid of ranks, the relative distance of their first-block input
+  to the span of the first r singular vectors, the smallest over the positions tested, in one streamed pass;
+* :func:`check_bag` — the rank whose sorted distances show the widest log-gap among the closest tokens; the tokens
+  below it are *proven*; when that separation is wider than the bag's own, the proven set replaces the bag's
+  verdict on the tokens tested.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+from torch import nn
+
+from gleak.attacks.tokens.bag import Bag, rank_grid
+from gleak.attacks.tokens.inputs import CHUNK_TOKENS, first_tokenwise, module_inputs, position_offset
+from gleak.attacks.tokens.spantest import margin
+from gleak.errors import GleakError
+from gleak.timebox import checkpoint
+
+MAX_TESTS = 2**18  # token-position pairs tested at most: the candidates are the bag's best-scored tokens
+SV_FLOOR = 1e-12  # singular values below this share of the largest are rounding (float64)
+FLOOR = 1e-12  # distances below this count as this (log scale)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstBlock:
+    """The first block's projections (``paths``), the one whose input is computed (``layer``), whether that input
+    depends on the position and the ``position_ids`` value of a sequence's position 0, the right singular vectors
+    [d_in, d_in] (float32, by decreasing singular value; a whole basis) of their stacked weight gradients, and how
+    many of them lie above the rounding (``rank``)."""
+
+    paths: list[str]
+    layer: nn.Module
+    positional: bool
+    offset: int
+    vectors: torch.Tensor
+    rank: int
+
+
+def input_rows(layer: nn.Module, grad: torch.Tensor) -> torch.Tensor | None:
+    """A linear-like module's weight gradient as [d_out, d_in] (rows in the span of its inputs; GPT-2's Conv1D stores
+    its weight transposed), or None for another kind of module."""
+    if isinstance(layer, nn.Linear):
+        return grad
+    if type(layer).__name__ == "Conv1D":
+        return grad.T
+    return None
+
+
+def first_block(model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab_size: int) -> FirstBlock:
+    """The first projections, in model order, whose input is token-wise and whose weight gradient (or update) is in
+    ``tensors`` (keyed by ``named_parameters()`` names), with the singular vectors of their gradients (each module's
+    scaled to unit norm, so that q, k and v count alike); a one-line GleakError when there is none."""
+    modules = dict(model.named_modules())
+    grads: dict[str, torch.Tensor] = {}
+    for path, layer in modules.items():
+        grad = tensors.get(f"{path}.weight")
+        rows = input_rows(layer, grad) if grad is not None and grad.dim() == 2 else None
+        if rows is not None:
+            grads[path] = rows
+    group = first_tokenwise(model, [(p, modules[p]) for p in grads], vocab_size)
+    if group is None:
+        raise GleakError("no projection with a weight gradient in the capture reads token-wise inputs (the first "
+                         "attention block's c_attn or q/k/v_proj)")
+    kind, paths = group
+    stacked = torch.cat([grads[p].double() / grads[p].double().norm().clamp_min(1e-300) for p in paths])
+    _, s, vh = torch.linalg.svd(stacked, full_matrices=True)
+    keep = int((s > SV_FLOOR * s[0]).sum()) if len(s) and s[0] > 0 else 0
+    if keep < 2:
+        raise GleakError(f"the first block's weight gradient ({paths[0]}) is zero or of rank one: nothing to test")
+    layer = modules[paths[0]]
+    offset = position_offset(model, layer, vocab_size) if kind.positional else 0
+    return FirstBlock(paths=paths, layer=layer, positional=kind.positional, offset=offset,
+                      vectors=vh.T.float().contiguous(), rank=keep)
+
+
+def distance_sweep(model: nn.Module, block: FirstBlock, ids: torch.Tensor, positions: int, ranks: list[int]
+                   ) -> torch.Tensor:
+    """‖u − Π_r u‖ / ‖u‖ for the first-block input u of each token in ``ids`` [N] and each rank r in ``ranks``
+    (ascending; Π_r the projection on the first r singular vectors), the smallest over positions 0 … ``positions``
+    − 1 (one for position-free inputs): float32 [N, len(ranks)]. The squared coordinates in the whole basis are
+    summed between ranks and added up from the end (positive terms: no cancellation); float32 is enough, the inputs
+    themselves come from a float32 forward pass."""
+    vectors = block.vectors
+    edges = [*ranks, vectors.shape[1]]
+    best = torch.full((len(ids), len(ranks)), math.inf)
+    for p in range(positions if block.positional else 1):
+        for first in range(0, len(ids), CHUNK_TOKENS):
+            checkpoint(f"first block: position {p + 1}/{positions}, tokens {first}/{len(ids)}")
+            chunk = ids[first:first + CHUNK_TOKENS].unsqueeze(1)
+            u = module_inputs(model, block.layer, chunk, torch.full_like(chunk, p + block.offset))[:, 0].float()
+            coords = (u @ vectors).square_()
+            parts = torch.stack([coords[:, a:b].sum(1) for a, b in pairwise(edges)], 1)
+            tails = parts.flip(1).cumsum(1).flip(1)
+            dist = (tails / u.square().sum(1, keepdim=True).clamp_min(1e-30)).sqrt()
+            part = slice(first, first + len(chunk))
+            best[part] = torch.minimum(best[part], dist)
+    return best
+
+
+def spacing_cut(dist: torch.Tensor, most: int) -> tuple[int, float, float]:
+    """(k, ratio, weight): the k closest of ``dist`` lie below the log-gap with the largest normalized spacing
+    k·log(d_(k+1)/d_(k)) among the ``most`` + 1 closest (Rényi's representation: under a smooth distribution these
+    are alike, so a gap that sets apart more tokens counts more, and a lone token near a span that nearly fills the
+    width, the extreme of many draws, does not pass for a proof); ratio = d_(k+1)/d_(k)."""
+    s = torch.sort(dist.double().clamp_min(FLOOR)).values[:most + 1]
+    if len(s) < 2:
+        return 0, 1.0, 0.0
+    gaps = torch.log(s[1:]) - torch.log(s[:-1])
+    weight = gaps * torch.arange(1, len(s), dtype=torch.float64)
+    k = int(torch.argmax(weight)) + 1
+    return k, math.exp(float(gaps[k - 1])), float(weight[k - 1])
+
+
+def check_bag(bag: Bag, model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab_size: int, positions: int,
+              max_tokens: int | None = None) -> Bag:
+    """``bag`` checked with the first block's span test (else ``bag`` with the reason in
+    ``diagnostics.first_block``).
+
+    Tested: the bag's best-scored tokens (every flagged one, then by score), as many as :data:`MAX_TESTS`
+    token-position pairs allow. For up to 48 ranks r below the width (and below ``max_tokens``, the batch's
+    distinct inputs at most, when known) that leave the span room below the width (DAGER's margin, §3.2), the
+    tested tokens' distances (:func:`distance_sweep`) are cut at their largest normalized spacing among the
+    ``max_tokens`` + 1 closest (:func:`spacing_cut`); the rank where it is largest wins, and the tokens below it are
+    proven. That gap and the bag's own (``diagnostics.separation``, the ρ gap) are both ratios of relative
+    residuals to a span: when the first block's is the wider, the proven set is the verdict on the tested tokens
+    (proven ones join the bag, the others leave it); otherwise the bag stands and the check is reported."""
+    try:
+        block = first_block(model, tensors, vocab_size)
+    except GleakError as e:
+        return _noted(bag, {"first_block": f"not run: {e}"})
+    positions = max(1, positions) if block.positional else 1
+    flagged = bag.flagged
+    n = min(vocab_size, max(int(flagged.sum()), MAX_TESTS // positions))
+    order = torch.argsort(bag.scores.double() + flagged.double() * (1 + float(bag.scores.abs().max())),
+                          descending=True)
+    tested = order[:n]
+    width = block.vectors.shape[0]
+    limit = min(block.rank, width - margin(width), max_tokens or width)  # a span with room left (DAGER, §3.2)
+    ranks = rank_grid(limit)
+    if not ranks or n < 2:
+        return _noted(bag, {"first_block": "not run: no room for a span below the width"})
+    dist = distance_sweep(model, block, tested, positions, ranks)
+    most = min(n - 1, max_tokens or n - 1)
+    cuts = [spacing_cut(dist[:, j], most) for j in range(len(ranks))]
+    j = max(range(len(ranks)), key=lambda i: cuts[i][2])
+    k, separation, _ = cuts[j]
+    close = torch.argsort(dist[:, j])[:k]
+    proven = torch.zeros_like(flagged)
+    proven[tested[close]] = True
+    was_tested = torch.zeros_like(flagged)
+    was_tested[tested] = True
+    decides = separation > float(bag.diagnostics.get("separation") or 0.0)
+    out = (flagged & ~was_tested) | proven if decides else flagged
+    counts = bag.counts.clone()
+    counts[~out] = 0
+    counts[out] = counts[out].clamp_min(1)
+    info = {"modules": block.paths, "rank": ranks[j], "positions": positions, "tested": n,
+            "proven": int(proven.sum()), "added": int((proven & ~flagged).sum()),
+            "not_proven": int((flagged & was_tested & ~proven).sum()), "separation": separation,
+            "decided": decides}
+    confidence = bag.confidence
+    if decides and confidence is not None:
+        confidence = confidence.clone()
+        confidence[proven] = 1.0
+        confidence[was_tested & ~proven] = 0.0
+    return Bag(flagged=out, scores=bag.scores, counts=counts,
+               method=f"{bag.method} + first block" if decides else bag.method,
+               diagnostics={**bag.diagnostics, "first_block": info}, warnings=list(bag.warnings),
+               confidence=confidence)
+
+
+def _noted(bag: Bag, extra: dict[str, object]) -> Bag:
+    return Bag(flagged=bag.flagged, scores=bag.scores, counts=bag.counts, method=bag.method,
+               diagnostics={**bag.diagnostics, **extra}, warnings=list(bag.warnings), confidence=bag.confidence)
