@@ -17,7 +17,8 @@ Cells: B ∈ ``--batches``; FedSGD (one gradient) or FedAvg (``--steps`` local S
 batch of B notes, as ``gleak simulate`` makes them; the update Δ in float32, read as −Δ). Seeds draw the notes.
 Each capture is attacked like ``gleak labels`` does (the model in the context, so token-bag's first-block check
 runs where it can): token-bag scored against the input tokens; ``old`` = the rule before issue 44 (the row-norm
-fallback below a ρ gap of 10, no first-block check: ``-O token-bag.min_gap=10 -O token-bag.first_block=false``);
+fallback below a ρ gap of 10, no first-block check, untied rows cut at 1e-6 of the largest:
+``-O token-bag.min_gap=10 -O token-bag.first_block=false -O token-bag.relative=1e-6``);
 ``span only`` = the new rule without the first-block check (``-O token-bag.first_block=false``);
 ``union`` = token-bag ∪ next-tokens against every token of the batch. ``inputs`` = the most distinct first-block
 inputs (token, position) over the seeds: the first block's span test needs fewer than the width (less a margin).
@@ -140,7 +141,7 @@ def cell(model: torch.nn.Module, tok: Any, pool: list[str], b: int, scheme: str,
     new = run_token_attack("token-bag", ctx)
     seconds = time.perf_counter() - start
     span = run_token_attack("token-bag", ctx, {"first_block": False})
-    old = run_token_attack("token-bag", ctx, {"min_gap": 10, "first_block": False})
+    old = run_token_attack("token-bag", ctx, {"min_gap": 10, "first_block": False, "relative": 1e-6})
     nxt = run_token_attack("next-tokens", ctx)
     row: dict[str, Any] = {"inputs": first_block_inputs(ids, mask), "seconds": seconds}
     for name, result in (("new", new), ("span", span), ("old", old)):
@@ -179,8 +180,8 @@ def write(results: dict[str, Any], args: argparse.Namespace, out: Path) -> None:
         f"notes), notes cut to {args.length} tokens, {args.seeds} seeds per cell (the notes drawn), minimum over "
         f"seeds. FedAvg: {args.steps} local SGD steps at η = {LR_CLIENT}, each on a fresh batch of B notes "
         "(the update Δ in float32). token-bag against the input tokens; `old` = the rule before issue 44 "
-        "(row-norm fallback below a ρ gap of 10, no first-block check); `span only` = the new rule without the "
-        "first-block check; union = token-bag ∪ next-tokens against "
+        "(row-norm fallback below a ρ gap of 10, no first-block check, untied rows cut at 1e-6 of the largest); "
+        "`span only` = the new rule without the first-block check; union = token-bag ∪ next-tokens against "
         f"every token. `inputs` = the most distinct first-block inputs (token, position) over the seeds; ✓ marks "
         f"cells below the first block's room ({room} = d less DAGER's margin), where the target is ≥ 0.95 / 0.95.",
         "",

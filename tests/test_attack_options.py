@@ -22,11 +22,12 @@ SMOOTHING = ROOT / "samples/captures/smoothing_1.safetensors"
 
 # the module constants the options replaced, with their values before options existed
 OLD_DEFAULTS = {
-    # issue 44: min_gap (10) no longer decides by default (None: the widest ρ gap always does); first_block is new
-    "token-bag": {"method": "auto", "relative": 1e-6, "exclude": None, "min_gap": None, "rho_threshold": None,
+    # issue 44: min_gap (10) no longer decides by default (None: the widest ρ gap always does); first_block is new;
+    # relative 0: any non-zero row (1e-6 missed an input seen once at a confident position)
+    "token-bag": {"method": "auto", "relative": 0.0, "exclude": None, "min_gap": None, "rho_threshold": None,
                   "first_block": True},
     "next-tokens": {"exclude": None, "min_gap": None},
-    "seq-length": {"relative": 1e-6},
+    "seq-length": {"relative": 0.0},
     "lora-tokens": {"min_gap": 100.0},
     "dager": {"min_gap": 100.0, "span_gap": 10.0, "max_combinations": 20_000},
     "tag": {"iterations": 500, "lr": 0.1, "restarts": 1, "tag_factor": 0.01, "distance": "l1l2",

@@ -411,11 +411,12 @@ def test_min_gap_is_an_opt_in_and_its_errors_are_one_line() -> None:
 def test_model_trained_until_confident_has_no_cliff() -> None:
     """A tied GPT-2 (d = 128, 2 blocks, BPE V = 1000) trained 400 Adam steps on the 300 notes of
     samples/text/notes.txt until confident (train loss 0.63), FedSGD on notes of another generator seed cut to
-    30 and 40 tokens (M ≈ 0.9·d): the trial's cliff at small width. The inputs are small rows here, so the row-norm
-    cut the old rule fell back to recovers 3–5 % of them; the widest ρ gaps are 97, 9.5 and 6.2 (one thread), so
-    the old rule (a gap of 10 or fall back) lost two of the three batches. The new rule: 1.00 / 1.00, 0.97 / 1.00
-    and 0.94 / 1.00; the inputs it misses sit at positions the model predicts with certainty (their input part is
-    at the rounding of the head part; the first block would prove them, but these batches fill its room)."""
+    30 and 40 tokens (M ≈ 0.9·d): the trial's cliff at small width. The code before issue 44 gave 0.04 / 1.00,
+    0.05 / 1.00 and 1.00 / 0.17 on these three batches (its best ρ gaps 2.7, 8.5 and 6.2, under its 10: the
+    row-norm cut, which on this model takes a few inputs or five times too many tokens); 7 of 8 such batches
+    collapsed. The new rule: 1.00 / 1.00, 0.97 / 1.00 and 0.94 / 1.00 (one thread); the inputs it misses sit at
+    positions the model predicts with certainty (their input part is at the rounding of the head part; the first
+    block would prove them, but these batches fill its room)."""
     from tests.notes_lm import bpe_tokenizer, encode, make_notes, train_gpt2
 
     lines = (SAMPLES / "text" / "notes.txt").read_text().splitlines()

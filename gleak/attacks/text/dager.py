@@ -42,7 +42,9 @@ from gleak.attacks.tokens.inputs import (
     candidate_residuals,
     first_tokenwise,
     input_kind,
+    linear_gradient,
     module_inputs,
+    weight_gradients,
 )
 from gleak.attacks.tokens.span import gap_threshold
 from gleak.attacks.tokens.spantest import SpanTest, lora_span, margin, weight_span
@@ -78,15 +80,6 @@ class Sentences:
     warnings: list[str] = field(default_factory=list)
 
 
-def linear_gradient(layer: nn.Module, grad: torch.Tensor) -> torch.Tensor | None:
-    """A linear-like module's weight gradient as [d_out, d_in] (GPT-2's Conv1D stores its weight transposed)."""
-    if isinstance(layer, nn.Linear):
-        return grad
-    if type(layer).__name__ == "Conv1D":
-        return grad.T
-    return None
-
-
 def next_block(path: str) -> str | None:
     """The same module one block later: the first number in the path plus one."""
     m = re.search(r"\.(\d+)\.", path)
@@ -98,14 +91,8 @@ def next_block(path: str) -> str | None:
 def _weight_groups(model: nn.Module, tensors: dict[str, torch.Tensor], min_gap: float
                    ) -> tuple[ModuleGroup, ModuleGroup, bool]:
     """Full fine-tuning: the first block's token-wise projections and the same projections one block later."""
-    modules = dict(model.named_modules())
     vocab = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
-    grads: dict[str, torch.Tensor] = {}
-    for path, layer in modules.items():
-        grad = tensors.get(f"{path}.weight")
-        g = linear_gradient(layer, grad) if grad is not None and grad.dim() == 2 else None
-        if g is not None:
-            grads[path] = g
+    modules, grads = weight_gradients(model, tensors, linear_gradient)
     group = first_tokenwise(model, [(p, modules[p]) for p in grads], vocab)
     positional = group is not None and group[0].positional
     first = [(p, modules[p], grads[p]) for p in (group[1] if group else [])]

@@ -121,8 +121,9 @@ class TokenBagOptions(AttackOptions):
     method: Literal["auto", "row-norm"] = Field(
         "auto", description="auto: exact non-zero rows (untied) or the span-residual separation (tied); row-norm: "
         "the plain row-norm gap cut (a baseline)")
-    relative: float = Field(1e-6, gt=0, lt=1, description="untied: a row is present when max|row| exceeds this "
-                            "share of the largest entry")
+    relative: float = Field(0.0, ge=0, lt=1, description="untied: a row is present when max|row| exceeds this "
+                            "share of the largest entry (default 0: any non-zero row; an absent token's row is exactly "
+                            "zero, and an input seen once at a confident position can be 1e-7 of the largest)")
     exclude: int | None = Field(None, ge=1, description="tied: the largest-norm rows kept out of the head-span "
                                 "estimate (default 4·B·T when known, else 4096)")
     min_gap: float | None = Field(None, gt=1, description="tied, optional: fall back to the row-norm cut when the "
@@ -141,7 +142,7 @@ class TokenBag(TokenAttack):
     NeurIPS 2022).
 
     Untied embedding (or a classification loss): ∇E[v] = Σ_{x_it = v} ∂L/∂x_it is non-zero exactly at tokens that
-    occur at loss-relevant input positions; rows are flagged when max|row| > ``relative``·max (float64). Tied
+    occur at loss-relevant input positions; rows are flagged when max|row| > ``relative``·max (float64; default 0). Tied
     embedding under next-token loss: ∇E = G_in + G_head with every row of G_head in 𝓗 = span{h} (the union over the
     local steps for an update); rows are scored by the share ρ_v of the row outside an estimate of 𝓗 from the
     rows of absent tokens, its rank chosen as the one whose ρ separate best and the estimate redone from the rows it
@@ -250,8 +251,8 @@ class NextTokens(TokenAttack):
 
 
 class SequenceLengthOptions(AttackOptions):
-    relative: float = Field(1e-6, gt=0, lt=1, description="a position row is non-zero when max|row| exceeds this "
-                            "share of the largest entry")
+    relative: float = Field(0.0, ge=0, lt=1, description="a position row is non-zero when max|row| exceeds this "
+                            "share of the largest entry (default 0: any non-zero row)")
 
 
 @register

@@ -234,9 +234,11 @@ class Bag:
     confidence: torch.Tensor | None = None  # per row in [0, 1], when the method gives one (tied: rank_votes)
 
 
-def untied_bag(mat: torch.Tensor, relative: float = 1e-6, max_tokens: int | None = None,
+def untied_bag(mat: torch.Tensor, relative: float = 0.0, max_tokens: int | None = None,
                chunk_bytes: int = CHUNK_BYTES) -> Bag:
-    """§2.1: a row is present when max|row| > ``relative`` · max over the matrix (float64). When more rows pass than
+    """§2.1: a row is present when max|row| > ``relative`` · max over the matrix (float64; default 0: any non-zero
+    row, since an absent token's row is exactly zero — §2.1's 10⁻⁶ missed an input seen once at a position the
+    model predicts with certainty, 8·10⁻⁷ of the largest entry). When more rows pass than
     the batch can hold distinct tokens (``max_tokens``, B·T per step, when known; else when every row passes), the
     contribution is dense (weight decay, noise), the exact test is meaningless, and the row-norm log-gap cut
     decides instead (said in the warnings). Before issue 44 a fixed share (half the rows) decided that, which a
@@ -408,7 +410,7 @@ class Lengths:
 
 
 def position_lengths(mat: torch.Tensor, offset: int, causal: bool, batch_size: int | None = None,
-                     relative: float = 1e-6) -> Lengths:
+                     relative: float = 0.0) -> Lengths:
     """T_max = (2 for next-token loss, else 1) + the largest position t whose row ∇P[t] is non-zero (max|row| >
     ``relative`` · max). With B known, the number of sequences still active at t is read as
     n_t ≈ B·‖∇P[t]‖² / ‖∇P[0]‖² (per-sequence gradients taken as uncorrelated and equally large; made

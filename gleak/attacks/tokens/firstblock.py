@@ -32,7 +32,14 @@ import torch
 from torch import nn
 
 from gleak.attacks.tokens.bag import Bag, rank_grid
-from gleak.attacks.tokens.inputs import CHUNK_TOKENS, first_tokenwise, module_inputs, position_offset
+from gleak.attacks.tokens.inputs import (
+    CHUNK_TOKENS,
+    first_tokenwise,
+    linear_gradient,
+    module_inputs,
+    position_offset,
+    weight_gradients,
+)
 from gleak.attacks.tokens.spantest import margin
 from gleak.errors import GleakError
 from gleak.timebox import checkpoint
@@ -57,27 +64,11 @@ class FirstBlock:
     rank: int
 
 
-def input_rows(layer: nn.Module, grad: torch.Tensor) -> torch.Tensor | None:
-    """A linear-like module's weight gradient as [d_out, d_in] (rows in the span of its inputs; GPT-2's Conv1D stores
-    its weight transposed), or None for another kind of module."""
-    if isinstance(layer, nn.Linear):
-        return grad
-    if type(layer).__name__ == "Conv1D":
-        return grad.T
-    return None
-
-
 def first_block(model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab_size: int) -> FirstBlock:
     """The first projections, in model order, whose input is token-wise and whose weight gradient (or update) is in
     ``tensors`` (keyed by ``named_parameters()`` names), with the singular vectors of their gradients (each module's
     scaled to unit norm, so that q, k and v count alike); a one-line GleakError when there is none."""
-    modules = dict(model.named_modules())
-    grads: dict[str, torch.Tensor] = {}
-    for path, layer in modules.items():
-        grad = tensors.get(f"{path}.weight")
-        rows = input_rows(layer, grad) if grad is not None and grad.dim() == 2 else None
-        if rows is not None:
-            grads[path] = rows
+    modules, grads = weight_gradients(model, tensors, linear_gradient)
     group = first_tokenwise(model, [(p, modules[p]) for p in grads], vocab_size)
     if group is None:
         raise GleakError("no projection with a weight gradient in the capture reads token-wise inputs (the first "

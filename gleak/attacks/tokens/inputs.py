@@ -13,7 +13,7 @@ Shared by ``lora-tokens`` and the sentence reconstruction (DAGER's candidates; M
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,6 +133,31 @@ def token_inputs(model: nn.Module, layer: nn.Module, vocab_size: int, position: 
         ids = torch.arange(first, min(first + CHUNK_TOKENS, vocab_size)).unsqueeze(1)
         rows.append(module_inputs(model, layer, ids, torch.full_like(ids, position + offset))[:, 0])
     return torch.cat(rows)
+
+
+def linear_gradient(layer: nn.Module, grad: torch.Tensor) -> torch.Tensor | None:
+    """A linear-like module's weight gradient as [d_out, d_in], its rows in the span of the module's inputs (GPT-2's
+    Conv1D stores its weight transposed); None for another kind of module."""
+    if isinstance(layer, nn.Linear):
+        return grad
+    if type(layer).__name__ == "Conv1D":
+        return grad.T
+    return None
+
+
+def weight_gradients(model: nn.Module, tensors: Mapping[str, torch.Tensor],
+                     rows: Callable[[nn.Module, torch.Tensor], torch.Tensor | None]
+                     ) -> tuple[dict[str, nn.Module], dict[str, torch.Tensor]]:
+    """The model's modules by name, and the 2-D weight gradients (or updates) ``tensors`` holds for them, each read
+    by ``rows`` (module, gradient) -> the gradient in the layout the caller tests, or None to leave it out."""
+    modules = dict(model.named_modules())
+    grads: dict[str, torch.Tensor] = {}
+    for path, layer in modules.items():
+        grad = tensors.get(f"{path}.weight")
+        read = rows(layer, grad) if grad is not None and grad.dim() == 2 else None
+        if read is not None:
+            grads[path] = read
+    return modules, grads
 
 
 def first_tokenwise(model: nn.Module, layers: Sequence[tuple[str, nn.Module]], vocab_size: int

@@ -10,7 +10,6 @@ sensitive ones (a digit, or a capital first letter), and nothing decoded is kept
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,9 +25,9 @@ from gleak.runs.audit.findings import expected_token_finding, notices_for, token
 from gleak.runs.audit.sentences import audit_sentences, expected_sentences, expected_text_finding, twin_sentence_scores
 from gleak.runs.audit.setup import AuditConfig
 from gleak.runs.audit.twins import TEXT_TWINS, spread, text_twins
-from gleak.runs.tokens import run_token_attacks
+from gleak.runs.tokens import UNION, run_token_attacks
 from gleak.text_data import TextData
-from gleak.timebox import Deadline, running
+from gleak.timebox import running
 
 NO_LABEL_ATTACKS = ("label attacks skipped (a language model's capture: the label attacks of image classifiers do "
                     "not apply; the token attacks ran)")
@@ -124,6 +123,9 @@ def expected_text(ctx: Context, text_aux: tuple[Path, TextData], config: AuditCo
     sentence = report.sentences.attack if report.sentences is not None and report.sentences.status == "ok" else None
     if not token_attacks and sentence is None:
         return "no token or sentence attack finished on the capture, so twin batches would measure nothing"
+    # what attacking one twin costs, as it cost on the capture: a twin is made only when it and its attacks fit
+    cost = sum(r.seconds for r in report.tokens or [] if r.attack in ran and r.attack != UNION)
+    cost += report.sentences.seconds if sentence is not None and report.sentences is not None else 0.0
     per_attack: dict[str, list[dict[str, float]]] = {}
     per_twin_sentences: list[dict[str, float]] = []
     why: list[str] = []
@@ -131,13 +133,11 @@ def expected_text(ctx: Context, text_aux: tuple[Path, TextData], config: AuditCo
     try:
         with running(deadline):
             for twin in text_twins(ctx, text_aux, TEXT_TWINS.get(config.budget, 2), config, model_folder,
-                                   time_left=deadline.remaining if deadline is not None else None):
+                                   time_left=None if deadline is None else lambda: deadline.remaining() - cost):
                 made += 1
-                if token_attacks:  # analytic (seconds): they run on every twin made, in the budget's reserve
-                    with running(Deadline.unbounded("token attacks on a twin")):
-                        twin_run = run_token_attacks(dataclasses.replace(twin.ctx, deadline=None), twin.truth,
-                                                     token_attacks, options, model_folder=model_folder,
-                                                     trust_remote_code=config.trust_remote_code)
+                if token_attacks:
+                    twin_run = run_token_attacks(twin.ctx, twin.truth, token_attacks, options,
+                                                 model_folder=model_folder, trust_remote_code=config.trust_remote_code)
                     for r in twin_run.results:
                         if r.status == "ok" and r.scores and "recall" in r.scores:
                             per_attack.setdefault(r.attack, []).append(dict(r.scores))

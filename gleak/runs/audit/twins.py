@@ -36,8 +36,9 @@ class Twin:
 
 def text_twins(ctx: Context, text_aux: tuple[Path, TextData], count: int, config: AuditConfig,
                model_folder: Path | None, time_left: Callable[[], float] | None = None) -> Iterator[Twin]:
-    """Up to ``count`` twins of ``ctx``'s capture, one at a time. ``time_left`` (seconds, None: no bound): a twin
-    starts only when the time left fits one more, judged by the slowest twin so far. Raises
+    """Up to ``count`` twins of ``ctx``'s capture, one at a time. ``time_left`` (seconds left once the twin is
+    attacked; None: no bound): a twin starts only when that time fits one more, judged by the slowest twin so far
+    (the first when it is positive: the twin itself then runs under the deadline in force). Raises
     :class:`~gleak.errors.GleakError` when no twin can be made (no folder, no global adapter, too little aux text)."""
     from gleak.attacks.tokens.lora import load_global_adapter
     from gleak.models.peft import LoraSpec, spec_of_config
@@ -68,7 +69,7 @@ def text_twins(ctx: Context, text_aux: tuple[Path, TextData], count: int, config
                                 num_labels=int(classes) if isinstance(classes, int) else None)
     slowest = 0.0
     for k in range(count):
-        if k and time_left is not None and time_left() < slowest:
+        if time_left is not None and time_left() <= slowest:
             return
         started = time.perf_counter()
         client = ClientConfig(batch_size=b, local_steps=steps, scheme="fedsgd" if steps == 1 else "fedavg",
