@@ -74,10 +74,11 @@ def verdict(report: Report) -> Verdict:
     return Verdict(status, worst, counts, headline, run_line(report))
 
 
-def _threats(findings: list[str]) -> str:
-    """'2 threats (tokens, sentences)' / '1 threat (tokens)' from the threats named by GLEAK-NOT-ASSESSED findings."""
-    names = sorted(set(findings), key=findings.index)
-    return f"{len(findings)} threat{'s' if len(findings) != 1 else ''} ({', '.join(names)})"
+def _threats(threats: list[str]) -> str:
+    """'2 threats (tokens, sentences)' / '1 threat (tokens)': the threats of the GLEAK-NOT-ASSESSED findings (one
+    per capture and threat), each name once."""
+    names = list(dict.fromkeys(threats))
+    return f"{len(threats)} threat{'s' if len(threats) != 1 else ''} ({', '.join(names)})"
 
 
 def _outside_budget(report: Report) -> str:

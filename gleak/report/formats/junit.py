@@ -125,21 +125,12 @@ def _skip_reason(capture: CaptureReport, check: str) -> str | None:
         if capture.batch_size is not None and capture.batch_size != 1:
             return f"soft-label recovery applies to a single example (batch size {capture.batch_size})"
         return "no label attack recovered a soft label"
-    if check == "tokens":
-        if capture.best_tokens() is not None:
-            return None
-        if any(t.status == "ok" for t in capture.tokens or []):
-            return "no ground truth: the recovered tokens could not be scored"
-        return "no token attack ran"
-    if check == "text":
-        entry = capture.sentences
-        if entry is None:
-            return "no sentence reconstruction ran"
-        if entry.scores or entry.expected:
-            return None
-        if entry.status != "ok":
-            return f"{entry.attack} {entry.status}: {entry.reason}"
-        return "no ground truth and no --aux text: the recovered sequences could not be scored"
+    if check in ("tokens", "text"):  # the audit's own answer (gleak.runs.audit.coverage)
+        threat = "tokens" if check == "tokens" else "sentences"
+        cover = next((c for c in capture.coverage or [] if c.threat == threat), None)
+        if cover is None:
+            return f"no {threat} attack ran"
+        return None if cover.status == "assessed" else cover.reason or cover.status
     if check == "images":
         recon = [a for a in capture.attacks if a.task == "reconstruct"]
         if any(a.scores and a.scores.get("psnr") is not None for a in recon) or capture.expected_images:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gleak.report.model import NOT_ASSESSED, AttackEntry, CaptureReport, Finding, ThreatCoverage, TokenResult
-from gleak.runs.audit.findings import SELECTOR
+from gleak.runs.audit.findings import SELECTOR, calibrated_attacks, selector_answer
 from gleak.runs.tokens import TRUTH_OF
 
 BROKEN = ("failed", "error")  # an attack that applied but could not finish (failed) or raised (error)
@@ -99,8 +99,8 @@ def label_coverage(report: CaptureReport) -> ThreatCoverage:
     attacks = [a for a in report.attacks if a.task == "labels" and a.attack != SELECTOR]
     broken = [a for a in attacks if a.status in BROKEN]
     best = report.best_label()
-    calibrated = [a for a in report.attacks if a.task == "labels" and a.confidence
-                  and (a.confidence.get("calibrated") or "expected_iacc" in a.confidence)]
+    selector = selector_answer(report)
+    calibrated = [*calibrated_attacks(report).values(), *([selector] if selector is not None else [])]
     if best is not None:
         cover = ThreatCoverage(threat="labels", status="assessed", by=f"{best.attack} against the truth")
     elif calibrated:

@@ -112,14 +112,14 @@ def label_severity(iacc: float, chance: float, th: Thresholds, exact: bool) -> t
     return None, 0.0
 
 
-def _calibrated(report: CaptureReport) -> dict[str, AttackEntry]:
+def calibrated_attacks(report: CaptureReport) -> dict[str, AttackEntry]:
     """The label attacks that ran and were calibrated on simulated batches (no truth, ``--confidence``), the
     selector's entry left out."""
     return {a.attack: a for a in report.attacks if a.task == "labels" and a.status == "ok" and a.confidence
             and a.confidence.get("calibrated") and a.attack != SELECTOR}
 
 
-def _selector(report: CaptureReport) -> AttackEntry | None:
+def selector_answer(report: CaptureReport) -> AttackEntry | None:
     """The calibrated selector's answer (counts or an abstention, with its calibration), when the audit made one."""
     return next((a for a in report.attacks if a.attack == SELECTOR and a.status in ("ok", "abstained")
                  and a.confidence and "expected_iacc" in a.confidence), None)
@@ -157,14 +157,14 @@ def expected_finding(report: CaptureReport, th: Thresholds) -> Finding | None:
     judged by the GLEAK-LABELS thresholds; never critical (exactness needs the truth)."""
     from gleak.attacks.labels.confidence import best_informative
 
-    selector = _selector(report)
+    selector = selector_answer(report)
     if selector is not None:
         if selector.status != "ok":
             return None  # abstained: abstained_finding says so
         conf = selector.confidence or {}
         attack, name = SELECTOR, f"{SELECTOR} ({conf.get('chosen', '?')})"
     else:  # an audit without the selector: the best informative single attack
-        calibrated = _calibrated(report)
+        calibrated = calibrated_attacks(report)
         best_name = best_informative({n: a.confidence or {} for n, a in calibrated.items()})
         if best_name is None:
             return None
@@ -190,7 +190,7 @@ def abstained_finding(report: CaptureReport) -> Finding | None:
     capture's, the audit's answer on the labels — it abstains (info; the best attack's margin over chance)."""
     from gleak.attacks.labels.confidence import best_informative
 
-    selector = _selector(report)
+    selector = selector_answer(report)
     if selector is not None:
         if selector.status != "abstained":
             return None
@@ -198,7 +198,7 @@ def abstained_finding(report: CaptureReport) -> Finding | None:
         name = str(conf.get("attack", SELECTOR))
         considered = len(conf.get("expected_iacc_by_attack") or {}) or 1
     else:
-        calibrated = _calibrated(report)
+        calibrated = calibrated_attacks(report)
         if not calibrated or best_informative({n: a.confidence or {} for n, a in calibrated.items()}) is not None:
             return None
         name = max(calibrated, key=lambda n: _worst_margin(calibrated[n].confidence or {}))
