@@ -395,6 +395,28 @@ def test_first_block_check_restores_a_wrong_cut() -> None:
     assert same.diagnostics["first_block"]["rank"] <= 32 - 4  # the span keeps DAGER's margin below the width
 
 
+def test_the_first_blocks_ranks_vote_so_a_transient_gap_does_not_drop_weak_inputs() -> None:
+    """On a trained model the weakest inputs enter the first block's span only at higher ranks: one rank whose gap is
+    wide only because they are still outside (a transient) must not decide alone. Distances of 40 tokens at 6
+    ranks: tokens 0-4 are strong inputs (inside from rank 2), 5-7 weak ones (inside from rank 3), the rest absent.
+    Rank 2 alone has the widest gap (1e3 over 5 tokens); ranks 3-6 agree on all 8 with gaps of 30."""
+    from gleak.attacks.tokens.firstblock import rank_vote, spacing_cut
+
+    gen = torch.Generator().manual_seed(0)
+    dist = 0.3 + 0.1 * torch.rand(40, 6, generator=gen)  # absent: far at every rank
+    dist[:8, 0] = 0.3  # rank 1: nothing inside
+    dist[:5, 1:] = 1e-4 * (1 + torch.rand(5, 5, generator=gen))
+    dist[5:8, 1] = 0.1  # rank 2: the weak inputs still outside, nearer than any absent token
+    dist[5:8, 2:] = 3e-3 * (1 + 0.1 * torch.rand(3, 4, generator=gen))
+    dist[8:, 2:] = 0.1 + 0.1 * torch.rand(32, 4, generator=gen)
+    cuts = [spacing_cut(dist[:, j], 20) for j in range(6)]
+    best = max(range(6), key=lambda j: cuts[j][1])
+    assert best == 1 and cuts[1][0] == 5  # the widest single gap sets apart the strong inputs only
+    votes, _ = rank_vote(dist, cuts)
+    assert set((votes > 0.5).nonzero().flatten().tolist()) == set(range(8))
+    assert float(votes[8:].max()) < 0.05  # only rank 1, where nothing is inside, cuts among them (weight near 0)
+
+
 def test_min_gap_is_an_opt_in_and_its_errors_are_one_line() -> None:
     """``-O token-bag.min_gap=9`` (the trial's workaround) still parses: it restores the fallback rule on request;
     a value of 1 or less is refused naming the option."""

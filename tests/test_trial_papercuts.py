@@ -192,7 +192,9 @@ def test_help_shows_an_options_syntax_whole_at_80_columns(command: str, syntax: 
                          timeout=120)
     code, out = run.returncode, run.stdout
     assert code == 0, run.stderr
-    assert syntax in out, out  # not cut to '…' in the options' narrow help column
+    # not cut to '…' in the options' narrow help column; a line may break at a space inside it (where depends on
+    # Rich's version), never inside a word
+    assert re.search(r"\s+".join(map(re.escape, syntax.split())), out), out
     assert max(len(line) for line in out.splitlines()) <= 80
 
 

@@ -16,9 +16,10 @@ tokens. The rank is chosen by the separation instead:
   scaled to unit Frobenius norm, stacked), or a one-line :class:`~gleak.errors.GleakError` saying why there is none;
 * :func:`distance_sweep` — for chosen tokens and a grid of ranks, the relative distance of their first-block input
   to the span of the first r singular vectors, the smallest over the positions tested, in one streamed pass;
-* :func:`check_bag` — the rank whose sorted distances show the widest log-gap among the closest tokens; the tokens
-  below it are *proven*; when that separation is wider than the bag's own, the proven set replaces the bag's
-  verdict on the tokens tested.
+* :func:`check_bag` — each rank's sorted distances cut at their widest normalized log-gap among the closest
+  tokens (:func:`spacing_cut`), the ranks' cuts put to a weighted vote (:func:`rank_vote`); the tokens most of the
+  weight puts below the cut are *proven*; when that evidence outweighs the bag's own, the proven set replaces the
+  bag's verdict on the tokens tested.
 """
 
 from __future__ import annotations
@@ -123,6 +124,24 @@ def spacing_cut(dist: torch.Tensor, most: int) -> tuple[int, float, float]:
     return k, math.exp(float(gaps[k - 1])), float(weight[k - 1])
 
 
+def rank_vote(dist: torch.Tensor, cuts: list[tuple[int, float, float]]) -> tuple[torch.Tensor, int]:
+    """(votes, best): for each token (row of ``dist`` [N, ranks]) the share of the ranks, each weighted by its
+    normalized spacing (:func:`spacing_cut`'s weight), whose cut puts it below the gap; ``best`` the index of the
+    best-weighted rank. A present input, once its direction is inside the span, stays below every larger rank's
+    cut, so on a trained model the inputs show a plateau of ranks that agree, while a single rank whose gap is
+    wide only because some inputs are not yet inside (a transient) is outvoted; a token proven by more than half
+    the weight is proven (issue 44: one rank's widest gap missed the inputs the model predicts with certainty)."""
+    votes = torch.zeros(dist.shape[0], dtype=torch.float64)
+    total = 0.0
+    for j, (k, _, weight) in enumerate(cuts):
+        if k < 1 or weight <= 0:
+            continue
+        votes[torch.argsort(dist[:, j])[:k]] += weight
+        total += weight
+    best = max(range(len(cuts)), key=lambda i: cuts[i][2]) if cuts else 0
+    return (votes / total if total > 0 else votes), best
+
+
 def check_bag(bag: Bag, model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab_size: int, positions: int,
               max_tokens: int | None = None) -> Bag:
     """``bag`` checked with the first block's span test (else ``bag`` with the reason in
@@ -132,10 +151,13 @@ def check_bag(bag: Bag, model: nn.Module, tensors: Mapping[str, torch.Tensor], v
     token-position pairs allow. For up to 48 ranks r below the width (and below ``max_tokens``, the batch's
     distinct inputs at most, when known) that leave the span room below the width (DAGER's margin, §3.2), the
     tested tokens' distances (:func:`distance_sweep`) are cut at their largest normalized spacing among the
-    ``max_tokens`` + 1 closest (:func:`spacing_cut`); the rank where it is largest wins, and the tokens below it are
-    proven. That gap and the bag's own (``diagnostics.separation``, the ρ gap) are both ratios of relative
-    residuals to a span: when the first block's is the wider, the proven set is the verdict on the tested tokens
-    (proven ones join the bag, the others leave it); otherwise the bag stands and the check is reported."""
+    min(``max_tokens``, r) + 1 closest (:func:`spacing_cut`; an r-dimensional span holds at most r inputs in
+    general position), and the ranks vote, each by the weight of its cut (:func:`rank_vote`): the tokens below
+    the cut of more than half the weight are proven. The first block's evidence (k · log gap at the widest rank
+    that agrees with the vote) and the bag's (its flagged count × log of its ρ gap) are both normalized spacings
+    of relative residuals to a span: when the first block's is the larger, the proven set is the verdict on the
+    tested tokens (proven ones join the bag, the others leave it); otherwise the bag stands and the check is
+    reported."""
     try:
         block = first_block(model, tensors, vocab_size)
     except GleakError as e:
@@ -153,28 +175,38 @@ def check_bag(bag: Bag, model: nn.Module, tensors: Mapping[str, torch.Tensor], v
         return _noted(bag, {"first_block": "not run: no room for a span below the width"})
     dist = distance_sweep(model, block, tested, positions, ranks)
     most = min(n - 1, max_tokens or n - 1)
-    cuts = [spacing_cut(dist[:, j], most) for j in range(len(ranks))]
-    j = max(range(len(ranks)), key=lambda i: cuts[i][2])
-    k, separation, _ = cuts[j]
-    close = torch.argsort(dist[:, j])[:k]
+    # an r-dimensional span holds at most r tokens' inputs in general position: a cut below more is no proof
+    cuts = [spacing_cut(dist[:, j], min(most, r)) for j, r in enumerate(ranks)]
+    votes, j = rank_vote(dist, cuts)
+    close = votes > 0.5
     proven = torch.zeros_like(flagged)
     proven[tested[close]] = True
+    # the separation of the vote: the widest gap among the ranks whose cut is the vote's set (the best-weighted
+    # rank's when none is)
+    agree = [i for i, (k, _, _) in enumerate(cuts)
+             if k == int(close.sum()) and bool(close[torch.argsort(dist[:, i])[:k]].all())]
+    chosen = max(agree, key=lambda i: cuts[i][2]) if agree else j
+    separation, weight = cuts[chosen][1], cuts[chosen][2]
     was_tested = torch.zeros_like(flagged)
     was_tested[tested] = True
-    decides = separation > float(bag.diagnostics.get("separation") or 0.0)
+    # both separations as normalized spacings (k · log gap): a gap that sets apart more tokens is the stronger
+    # evidence, so a bag whose cut is wide only above its few most certain inputs does not outweigh a span test
+    # that proves every input
+    own = int(flagged.sum()) * math.log(max(1.0, float(bag.diagnostics.get("separation") or 1.0)))
+    decides = weight > own
     out = (flagged & ~was_tested) | proven if decides else flagged
     counts = bag.counts.clone()
     counts[~out] = 0
     counts[out] = counts[out].clamp_min(1)
-    info = {"modules": block.paths, "rank": ranks[j], "positions": positions, "tested": n,
+    info = {"modules": block.paths, "rank": ranks[chosen], "ranks_agreeing": len(agree), "positions": positions,
+            "tested": n,
             "proven": int(proven.sum()), "added": int((proven & ~flagged).sum()),
             "not_proven": int((flagged & was_tested & ~proven).sum()), "separation": separation,
-            "decided": decides}
+            "weight": weight, "bag_weight": own, "decided": decides}
     confidence = bag.confidence
     if decides and confidence is not None:
         confidence = confidence.clone()
-        confidence[proven] = 1.0
-        confidence[was_tested & ~proven] = 0.0
+        confidence[tested] = votes.to(confidence.dtype)
     return Bag(flagged=out, scores=bag.scores, counts=counts,
                method=f"{bag.method} + first block" if decides else bag.method,
                diagnostics={**bag.diagnostics, "first_block": info}, warnings=list(bag.warnings),
