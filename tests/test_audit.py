@@ -286,6 +286,7 @@ def test_the_expected_labels_finding_follows_the_calibrated_answer_not_one_attac
     assert abstained is not None and abstained.attack == "rlu" and abstained.severity == "info"
 
 
+@pytest.mark.extended  # spawns worker processes (9 s); make test runs it
 @pytest.mark.parametrize(("break_even", "workers"), [(0.0, 2), (1e9, 1)])
 def test_jobs_auto_hands_the_rest_to_workers_only_when_it_pays(monkeypatch, tmp_path: Path, break_even: float,
                                                               workers: int) -> None:

@@ -182,6 +182,7 @@ def test_jobs_run_trials_in_workers_with_the_same_rows(tmp_path: Path) -> None:
     assert two["rows"] == rows_of(tmp_path / "one")
 
 
+@pytest.mark.extended  # spawns worker processes; make test runs it
 def test_jobs_auto_hands_the_trials_left_to_workers_once_they_pay(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """auto: trials here until the ones left would take longer than starting workers; the pool is replaced by an

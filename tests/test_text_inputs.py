@@ -158,7 +158,8 @@ def _cases() -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(("kind", "side"), [("word", "right"), ("bpe", "right"), ("bpe", "left")])
+@pytest.mark.parametrize(("kind", "side"), [("word", "right"), ("bpe", "right"),
+                                          pytest.param("bpe", "left", marks=pytest.mark.extended)])
 def test_long_lines_are_cut_before_tokenising_without_changing_the_ids(monkeypatch: pytest.MonkeyPatch, kind: str,
                                                                        side: str) -> None:
     """Ground truth: the tokenizer's own truncation of the whole line. The cut before tokenising (made tight here,
