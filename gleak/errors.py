@@ -6,6 +6,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+INTERRUPTED = 130  # the exit status after Ctrl-C (128 + SIGINT), as shells report it
+
 T = TypeVar("T", bound=str)
 
 

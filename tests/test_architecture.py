@@ -27,12 +27,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gleak.integrations",),  # Flower / NVFlare hooks: record captures, and run audits on the server
     ("gleak.runs",),  # one run of a command: inputs -> attacks -> scores -> report
     ("gleak.attacks", "gleak.report"),
-    ("gleak.generator", "gleak.simulate", "gleak.simulate_text", "gleak.defenses"),  # the simulated client applies
-    # the defenses (simulate_text: the language-model client)
+    ("gleak.generator", "gleak.simulate", "gleak.defenses"),  # the simulated clients (images, text) apply the
+    # defenses
     # capture reads the last layer (models) and records the loss (losses); model_check: the model-hash check it makes
     # and the reports record (no torch, so that gleak.report.model imports without it)
     ("gleak.capture", "gleak.model_check", "gleak.metrics"),
-    ("gleak.models", "gleak.data", "gleak.text_data", "gleak.losses"),
+    ("gleak.models", "gleak.data", "gleak.losses"),
     ("gleak.io", "gleak.errors", "gleak.registry", "gleak.reproducible", "gleak.settings", "gleak.timebox", "gleak"),
     # foundations: files, errors, typed plug-in options, time stamps, the settings (each declared once) and their
     # config files, deadlines and progress (timebox)

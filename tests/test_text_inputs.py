@@ -1,5 +1,5 @@
 """Issue 44, part 3: text inputs checked before any work, wherever text becomes token batches (gleak simulate, the
-audit's twins through gleak.simulate_text, the truth gleak labels / reconstruct / audit read). Sequence length
+audit's twins through gleak.simulate.text, the truth gleak labels / reconstruct / audit read). Sequence length
 against the model's positions, token ids against its vocabulary, the pad token, empty data, very long lines and
 Ctrl-C: exit 0 or 2 with one line, never an internal error. Every model and tokenizer is built here, tiny, with
 transformers' and tokenizers' public API; nothing is downloaded."""
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+from gleak.data.text import check_token_batch_fits, load_text_data, tokenize
 from gleak.errors import GleakError
-from gleak.text_data import check_token_batch_fits, load_text_data, tokenize
 
 from .text_models import FIRST, LAST, WORDS
 
@@ -165,7 +165,7 @@ def test_long_lines_are_cut_before_tokenising_without_changing_the_ids(monkeypat
     """Ground truth: the tokenizer's own truncation of the whole line. The cut before tokenising (made tight here,
     4 characters per token, so it lands inside every case) must give the same ids, and the tokenizer must never see
     the whole line when the cut text has enough tokens."""
-    import gleak.text_data as td
+    import gleak.data.text as td
 
     tok = word_tokenizer() if kind == "word" else bpe_tokenizer()
     tok.truncation_side = side  # left: the tokenizer keeps a line's last tokens, so the cut keeps its end
@@ -193,7 +193,7 @@ def test_long_lines_are_cut_before_tokenising_without_changing_the_ids(monkeypat
 
 
 def test_a_200000_character_line_costs_its_first_tokens(hf: dict[str, Path]) -> None:
-    import gleak.text_data as td
+    import gleak.data.text as td
 
     tok = word_tokenizer()
     line = load_text_data(hf["huge"]).texts[0]
@@ -220,7 +220,7 @@ def test_a_200000_character_line_costs_its_first_tokens(hf: dict[str, Path]) -> 
 
 
 def test_calls_are_chunked_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    import gleak.text_data as td
+    import gleak.data.text as td
 
     tok = word_tokenizer()
     texts = _lines(4, 40, 3, 30)
@@ -308,7 +308,7 @@ def test_the_client_checks_what_it_tokenises(hf: dict[str, Path]) -> None:
     handed back, the capture's max_length the one used; the gradients the same with and without the Ctrl-C hooks."""
     from gleak.models import load_model, load_tokenizer
     from gleak.simulate import ClientConfig
-    from gleak.simulate_text import TextClientOptions, interruptible, simulate_text_client
+    from gleak.simulate.text import TextClientOptions, interruptible, simulate_text_client
 
     loaded = load_model(hf["gpt2"])
     tok = load_tokenizer(hf["gpt2"])
@@ -407,7 +407,7 @@ def test_simulate_processes_never_exit_3(tmp_path: Path, hf: dict[str, Path]) ->
 def test_ctrl_c_inside_a_backward_pass() -> None:
     """torch's CPU backward runs in C++ and would hold a Ctrl-C until the whole pass ends; the hooks of
     interruptible() hand it to Python at each parameter's gradient."""
-    from gleak.simulate_text import interruptible
+    from gleak.simulate.text import interruptible
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh()) for _ in range(48)])
@@ -448,3 +448,29 @@ def test_ctrl_c_stops_simulate_in_two_seconds(tmp_path: Path, hf: dict[str, Path
     said = time.perf_counter() - sent
     p.wait(timeout=30)
     assert line.startswith("error: interrupted") and said < 2 and p.returncode == 130, (line, said, p.returncode)
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The console script's first import (Typer, Rich, the command modules) takes about 0.3 s: an interrupt there
+    printed a KeyboardInterrupt traceback. Now the entry point (gleak.__main__) catches it: one line, exit 130."""
+    import types
+
+    import gleak.__main__ as entry
+
+    class Loading(types.ModuleType):
+        def __getattr__(self, name: str) -> object:
+            raise KeyboardInterrupt
+
+    exits: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setitem(sys.modules, "gleak.cli", Loading("gleak.cli"))
+    monkeypatch.setattr(entry.os, "_exit", fake_exit)
+    with pytest.raises(SystemExit):
+        entry.main()
+    err = capsys.readouterr().err
+    assert exits == [130] and err == "error: interrupted\n", (exits, err)

@@ -21,9 +21,9 @@ from gleak.capture import (
     token_loss,
     validate_against_model,
 )
+from gleak.data.text import load_text_data, tokenize
 from gleak.errors import GleakError
 from gleak.io import tensors_sha256
-from gleak.text_data import load_text_data, tokenize
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")

@@ -23,6 +23,7 @@ from gleak.cli.reconstruct_cmd import reconstruct
 from gleak.cli.simulate_cmd import simulate
 from gleak.cli.sweep_cmd import sweep
 from gleak.cli.train_generator_cmd import train_generator
+from gleak.errors import INTERRUPTED
 
 app = typer.Typer(
     name="gleak",
@@ -57,9 +58,6 @@ def _root(
 for _command in (inspect, attacks, defenses, simulate, capture, defend, labels, reconstruct, audit, sweep):
     app.command(cls=GleakCommand)(_command)
 app.command("train-generator", cls=GleakCommand)(train_generator)
-
-
-INTERRUPTED = 130  # the exit status after Ctrl-C (128 + SIGINT), as shells report it
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from gleak.cli.settings_options import number as number
 from gleak.cli.settings_options import option
-from gleak.errors import TRUTH_CONTRADICTION, GleakError, Origin, did_you_mean, shorten
+from gleak.errors import INTERRUPTED, TRUTH_CONTRADICTION, GleakError, Origin, did_you_mean, shorten
 from gleak.settings.audit import (
     AllowModelMismatch,
     Arch,
@@ -357,7 +357,7 @@ def handle_errors(fn: F) -> F:
             raise typer.Exit(GleakError.exit_code) from None
         except KeyboardInterrupt:
             fail("interrupted")
-            raise typer.Exit(130) from None
+            raise typer.Exit(INTERRUPTED) from None
         except MemoryError:
             fail("out of memory; try a smaller batch or --device cpu")
             raise typer.Exit(2) from None

@@ -261,7 +261,7 @@ def text_limits(module: Any) -> tuple[int | None, int | None]:
     """(positions, vocabulary) of a transformers model: the longest sequence its config allows (``n_positions``,
     ``max_position_embeddings`` or ``n_ctx``; None when it names none) and the rows of its input embedding (the
     token ids it can look up; None without one). The text inputs are checked against both before any forward pass
-    (:func:`gleak.text_data.tokenize`)."""
+    (:func:`gleak.data.text.tokenize`)."""
     config = getattr(module, "config", None)
     positions = None
     for key in POSITION_KEYS:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gleak.capture import Capture, TextTruth, Truth, save_capture, save_text_truth, save_truth, truth_path_for
 from gleak.data import load_dataset
+from gleak.data.text import is_text_data, load_text_data
 from gleak.defenses import Defense
 from gleak.errors import GleakError
 from gleak.io import OutputSet, check_writable
@@ -17,8 +18,7 @@ from gleak.models import LoadedModel, load_model, load_tokenizer
 from gleak.models.peft import LoraAdapter, LoraSpec, adapter_path_for, check_adapter_writable, save_adapter
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, resolve_device
 from gleak.simulate import ClientConfig, simulate_client
-from gleak.simulate_text import TextClientOptions, simulate_lora_client, simulate_text_client
-from gleak.text_data import is_text_data, load_text_data
+from gleak.simulate.text import TextClientOptions, simulate_lora_client, simulate_text_client
 
 
 def client_config(*, batch_size: int, local_steps: int, scheme: str | None, learning_rate: float, optimizer: str,
@@ -165,7 +165,7 @@ def _simulate_text(request: SimulateRequest, loaded: LoadedModel, notices: list[
                    ) -> tuple[Capture, TextTruth, LoraAdapter | None]:
     """A language model's client on text data: both must be text (one line otherwise). A ``--max-length`` beyond
     the model's positions is refused; longer lines without it are truncated to the positions (a notice says so);
-    the tokens are checked against the model before any forward pass (:func:`gleak.text_data.tokenize`)."""
+    the tokens are checked against the model before any forward pass (:func:`gleak.data.text.tokenize`)."""
     if loaded.metadata.get("gleak.modality") != "text":
         raise GleakError(f"text data ({request.data.suffix}) needs a language model: pass a Hugging Face model folder "
                          "(config.json, model.safetensors and the tokenizer's files) as --model")

@@ -2,13 +2,13 @@
 defense costs.
 
 Trial t simulates the client once on the real data with seed ``seed + t·TRIAL_STRIDE`` (the undefended baseline,
-shared by every defense). Every contribution defense, at every strength, is applied to that same contribution with
-the trial's seed (so a Gaussian sweep adds the same draw, scaled); DP-SGD, which acts while the client trains,
-simulates the same batch again with the defense (:class:`gleak.simulate.ClientConfig` ``defenses``). Each point is
-attacked as ``gleak labels`` and ``gleak reconstruct`` attack a capture, scored against the simulated truth, and
-its utility measured against the clean contribution of the same trial; the rows aggregate over the trials. The
-curves are paired: every point sees the same batches. With ``utility="accuracy"`` each point's defense also trains the
-model for a few FedAvg rounds, scored on held-out data (:mod:`gleak.runs.sweep_accuracy`).
+shared by every defense). Every contribution defense, at every strength, is applied to that same contribution with the
+trial's seed (so a Gaussian sweep adds the same draw, scaled); DP-SGD, which acts while the client trains, simulates
+the same batch again with the defense (:class:`gleak.simulate.images.ClientConfig` ``defenses``). Each point is
+attacked as ``gleak labels`` and ``gleak reconstruct`` attack a capture, scored against the simulated truth, and its
+utility measured against the clean contribution of the same trial; the rows aggregate over the trials. The curves are
+paired: every point sees the same batches. With ``utility="accuracy"`` each point's defense also trains the model for
+a few FedAvg rounds, scored on held-out data (:mod:`gleak.runs.sweep_accuracy`).
 
 Trials run in this process or in worker processes (``jobs``); each trial is a function of its seed alone, so the
 rows do not depend on where it ran.

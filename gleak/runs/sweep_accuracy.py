@@ -2,11 +2,11 @@
 
 At every point (the undefended baseline and each defense at each strength) the global model is trained, FedAvg-style,
 for R rounds: each round the client runs m local SGD steps from the current model on its training data
-(:func:`gleak.simulate.simulate_client`, the same code that simulates the attacked clients), the defense acts as it
-does in the sweep — DP-SGD while the client trains (Opacus), every other defense on the round's update Δθ — and the
-defended update is added to the model. Round r draws its batches with seed ``seed + TRAIN_SEED_OFFSET + r`` at
-every point (paired: the curves differ by the defense only). The model is then scored on held-out data: ``--eval-data``
-or a seeded split of ``--data`` (:data:`EVAL_FRACTION` of it) that no round trains on.
+(:func:`gleak.simulate.images.simulate_client`, the same code that simulates the attacked clients), the defense acts
+as it does in the sweep — DP-SGD while the client trains (Opacus), every other defense on the round's update Δθ — and
+the defended update is added to the model. Round r draws its batches with seed ``seed + TRAIN_SEED_OFFSET + r`` at
+every point (paired: the curves differ by the defense only). The model is then scored on held-out data:
+``--eval-data`` or a seeded split of ``--data`` (:data:`EVAL_FRACTION` of it) that no round trains on.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, TextTruth, Truth, load_capture, load_text_truth, load_truth, truth_path_for
 from gleak.data import Dataset
+from gleak.data.text import TextData, check_token_batch_fits
 from gleak.defenses import recorded_defenses
 from gleak.errors import GleakError, shorten
 from gleak.io import companion_exists, file_sha256
@@ -42,7 +43,6 @@ from gleak.runs.audit.text import audit_text
 from gleak.runs.inputs import resolve_device, soft_truth
 from gleak.runs.reconstruct import auto_attack, reconstruct
 from gleak.runs.scoring import NO_LINEUP, finite, identification_of
-from gleak.text_data import TextData, check_token_batch_fits
 from gleak.timebox import current, running
 
 CaptureResult = tuple[CaptureReport, list[Finding], list[Notice]]

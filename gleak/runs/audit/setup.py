@@ -16,13 +16,13 @@ from pydantic import Field
 from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.capture import Capture
 from gleak.data import Dataset
+from gleak.data.text import TextData
 from gleak.errors import GleakError, Origin
 from gleak.io import probe_input, safetensors_kind, show
 from gleak.models import LoadedModel, is_text_model_dir, load_model
 from gleak.runs.inputs import memory_limit
 from gleak.settings.audit import AuditSettings
 from gleak.settings.values import BUDGETS, EXECUTORS, FAIL_ON, FAIL_ROUNDS_EXPECTED, normal_fail_rounds
-from gleak.text_data import TextData
 from gleak.timebox import Clock, Deadline
 
 __all__ = ["BUDGETS", "BUDGET_SECONDS", "EXECUTORS", "FAIL_ON", "AuditConfig", "HashCache", "ModelSet",

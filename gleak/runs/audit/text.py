@@ -18,6 +18,7 @@ from typing import Any
 from gleak.attacks import Attack, Context
 from gleak.attacks.plan import select_attacks
 from gleak.capture import TextTruth
+from gleak.data.text import TextData
 from gleak.errors import GleakError
 from gleak.report.model import CaptureReport, Finding, Notice
 from gleak.runs.audit.coverage import not_assessed_findings, sentence_coverage, token_coverage
@@ -26,7 +27,6 @@ from gleak.runs.audit.sentences import audit_sentences, expected_sentences, expe
 from gleak.runs.audit.setup import AuditConfig
 from gleak.runs.audit.twins import TEXT_TWINS, spread, text_twins
 from gleak.runs.tokens import UNION, run_token_attacks
-from gleak.text_data import TextData
 from gleak.timebox import running
 
 NO_LABEL_ATTACKS = ("label attacks skipped (a language model's capture: the label attacks of image classifiers do "

@@ -18,9 +18,9 @@ from typing import Any
 
 from gleak.attacks import Context
 from gleak.capture import TextTruth
+from gleak.data.text import TextData
 from gleak.errors import GleakError
 from gleak.runs.audit.setup import AuditConfig
-from gleak.text_data import TextData
 
 TEXT_TWINS = {"quick": 2, "standard": 3, "full": 4}  # twin batches per capture without truth, at most
 
@@ -44,7 +44,7 @@ def text_twins(ctx: Context, text_aux: tuple[Path, TextData], count: int, config
     from gleak.models.peft import LoraSpec, spec_of_config
     from gleak.models.text import load_tokenizer
     from gleak.simulate import ClientConfig
-    from gleak.simulate_text import TextClientOptions, simulate_lora_client, simulate_text_client
+    from gleak.simulate.text import TextClientOptions, simulate_lora_client, simulate_text_client
 
     spec, model = ctx.text_model, ctx.model
     if spec is None or model is None or model_folder is None:

@@ -16,9 +16,9 @@ from gleak.runs.audit.setup import EXECUTORS
 
 if TYPE_CHECKING:
     from gleak.data import Dataset
+    from gleak.data.text import TextData
     from gleak.runs.audit.capture import CaptureResult
     from gleak.runs.audit.setup import AuditConfig, ModelSet
-    from gleak.text_data import TextData
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -38,8 +38,8 @@ class WorkerSetup:
         """The model store and the aux data: image sets, and text (.txt/.jsonl) for language models' captures
         (bad files fail here with a GleakError)."""
         from gleak.data import load_dataset
+        from gleak.data.text import is_text_data, load_text_data
         from gleak.runs.audit.setup import ModelSet
-        from gleak.text_data import is_text_data, load_text_data
 
         index = dict(self.index) if self.index is not None else None
         return (ModelSet.load(self.model_files, self.config, index),

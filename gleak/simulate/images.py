@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from gleak.capture import OPTIMIZERS, Capture, Truth, capture_gradients, capture_update
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.defenses import Defense, apply_defenses
 from gleak.defenses.dpsgd import DpSgdOptions, dp_train, epsilon, resolve
 from gleak.errors import GleakError
@@ -169,7 +169,8 @@ class _Sampler:
         return _Batch(mixed, y)
 
 
-def _optimizer(params: list[nn.Parameter], cfg: ClientConfig) -> torch.optim.Optimizer:
+def local_optimizer(params: list[nn.Parameter], cfg: ClientConfig) -> torch.optim.Optimizer:
+    """The client's local optimizer (SGD, with momentum or Nesterov, or Adam) over ``params``, as ``cfg`` asks."""
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     momentum = cfg.momentum if cfg.optimizer in ("sgdm", "nag") else 0.0
@@ -204,7 +205,7 @@ def _dp_train(local: nn.Module, batches: list[_Batch], config: ClientConfig, opt
     if config.scheme == "fedprox":
         raise GleakError("dpsgd with FedProx is not supported: use --scheme fedavg or fedsgd")
     pairs = [(b.inputs.to(device), b.targets.to(device)) for b in batches]
-    return dp_train(local, pairs, lambda params: _optimizer(params, config),
+    return dp_train(local, pairs, lambda params: local_optimizer(params, config),
                     lambda logits, targets: client_loss(logits, targets, config.loss), options,
                     config.loss.reduction, config.seed, gradient_only)
 
@@ -262,7 +263,7 @@ def simulate_client(model: nn.Module, data: Dataset, config: ClientConfig,
     else:
         local = copy.deepcopy(global_model).train(config.train_mode)
         anchor = [p.detach().clone() for p in global_model.parameters()]
-        opt = _optimizer(list(local.parameters()), config)
+        opt = local_optimizer(list(local.parameters()), config)
         for b in batches:
             opt.zero_grad(set_to_none=True)
             loss = client_loss(local(b.inputs.to(device)), b.targets.to(device), config.loss)

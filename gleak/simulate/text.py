@@ -27,19 +27,19 @@ from gleak.capture import (
     model_logits,
     token_loss,
 )
+from gleak.data.text import TextData, tokenize
 from gleak.defenses import apply_defenses
 from gleak.errors import GleakError
 from gleak.io import tensors_sha256
 from gleak.models.peft import LoraAdapter, LoraSpec, adapter_state, load_adapter_state, wrap_lora
 from gleak.models.text import text_limits
-from gleak.simulate import ClientConfig, _optimizer
-from gleak.text_data import TextData, tokenize
+from gleak.simulate.images import ClientConfig, local_optimizer
 from gleak.timebox import checkpoint
 
 
 @dataclass(kw_only=True, frozen=True)
 class TextClientOptions:
-    """What a text client adds to :class:`~gleak.simulate.ClientConfig`: the truncation length, the model's mode,
+    """What a text client adds to :class:`~gleak.simulate.images.ClientConfig`: the truncation length, the model's mode,
     and the folder's task and tokenizer (from :class:`gleak.models.text.TextModelInfo`)."""
 
     task: str = "causal_lm"
@@ -114,7 +114,7 @@ def simulate_text_client(model: nn.Module, tokenizer: Any, data: TextData, confi
                          options: TextClientOptions, device: torch.device | str = "cpu",
                          notices: list[str] | None = None) -> tuple[Capture, TextTruth]:
     """Run the text client on ``data`` from ``model`` (left unchanged); return the capture and its truth. The
-    tokens are checked against the model first (:func:`gleak.text_data.tokenize`: its positions, vocabulary and pad
+    tokens are checked against the model first (:func:`gleak.data.text.tokenize`: its positions, vocabulary and pad
     token; one line otherwise); what was done to fit them (truncation, the pad used) is appended to ``notices``."""
     capture, truth, _ = _text_client(model, tokenizer, data, config, options, None, torch.device(device),
                                      notices=notices)
@@ -186,7 +186,7 @@ def _text_client(model: nn.Module, tokenizer: Any, data: TextData, config: Clien
         local = copy.deepcopy(global_model).train(options.train_mode)
         anchor = {n: p.detach().clone() for n, p in global_model.named_parameters() if p.requires_grad}
         trainable = [p for p in local.parameters() if p.requires_grad]
-        opt = _optimizer(trainable, config)
+        opt = local_optimizer(trainable, config)
         for step in range(config.local_steps):
             checkpoint(f"local step {step + 1}/{config.local_steps}")  # a twin batch under the audit's deadline
             rows = slice(step * b, (step + 1) * b)
