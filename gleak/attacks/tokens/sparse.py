@@ -1,0 +1,152 @@
+"""Joint-sparse recovery of a batch's first-layer inputs from a dictionary of every possible input, beyond the rank
+the span test needs (issue 45; METHODS-sparse §1.3 R2, §3.3, §3.8; docs/methods/sparse.md).
+
+The measurement Y [d, L] (a LoRA factor's ∇Aᵀ, several adapted modules stacked column-wise, or a first-layer ∇W)
+is U_S C: every column combines the same n atoms u_i of the dictionary D (the model's first-block inputs, one per
+token or per (token, position)). The span test (DAGER) needs n below the rank of Y (below r for LoRA ∇A); a
+sparse fit identifies S while n < (d + rank Y)/2 (Chen & Huo, IEEE TSP 2006; Davies & Eldar, IEEE TIT 2012).
+
+:func:`ormp_somp` is the order-recursive simultaneous OMP (Cotter, Rao, Engan & Kreutz-Delgado, IEEE TSP 2005;
+Tropp, Gilbert & Strauss, Signal Processing 2006), kept incremental: the residual R = (I − QQᵀ)Y, the correlations
+Z = DᵀR and each atom's energy outside the selected span p_a = ‖(I − QQᵀ)φ_a‖² are updated by one rank-one step per
+selection, so each step is one pass over the dictionary, streamed in chunks (:class:`Dictionary`), and nothing of
+size |D| × d is ever held. The step whose residual drops to the floor (the *cliff*) says how many atoms the
+measurement holds (:func:`cliff`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from gleak.errors import GleakError
+from gleak.timebox import checkpoint
+
+CHUNK_ATOMS = 8192  # dictionary atoms computed and used at a time
+SPENT = 1e-8  # an atom whose energy outside the selected span falls below this share is in that span already
+CLIFF = 0.1  # a residual that falls by more than this ratio in one step ends the support (METHODS-sparse §3.8)
+
+
+@dataclass(frozen=True)
+class Dictionary:
+    """A dictionary of ``size`` unit atoms in ℝ^``dim``, produced a chunk at a time by ``chunk(first, count)``
+    (float32 or float64 rows [count, dim], unit norm): the model's first-block inputs are recomputed per pass
+    rather than held, which bounds memory at V = 128k."""
+
+    size: int
+    dim: int
+    chunk: Callable[[int, int], torch.Tensor]
+    chunk_atoms: int = CHUNK_ATOMS
+
+    def chunks(self, label: str = "atoms") -> Iterator[tuple[int, torch.Tensor]]:
+        """(first index, float64 atoms [count, dim]) over the whole dictionary."""
+        for first in range(0, self.size, self.chunk_atoms):
+            checkpoint(f"{label} {first}/{self.size}")
+            yield first, self.chunk(first, min(self.chunk_atoms, self.size - first)).double()
+
+    @staticmethod
+    def of(atoms: torch.Tensor, chunk_atoms: int = CHUNK_ATOMS) -> Dictionary:
+        """A resident dictionary: the rows of ``atoms`` [N, dim], normalised to unit length."""
+        unit = atoms.double() / atoms.double().norm(dim=1, keepdim=True).clamp_min(1e-300)
+        return Dictionary(size=unit.shape[0], dim=unit.shape[1], chunk=lambda a, n: unit[a:a + n],
+                          chunk_atoms=chunk_atoms)
+
+
+@dataclass
+class SparseFit:
+    """The atoms selected in order, each step's residual ratio ‖R_k‖/‖R_(k−1)‖ and selection score, and the
+    support size the residual's cliff points to (None when there is no cliff: the fit did not reach the floor)."""
+
+    order: list[int]
+    ratios: list[float]
+    scores: list[float]
+    size: int | None
+    residual: float  # ‖R‖_F / ‖Y‖_F after the last selection
+    diagnostics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def support(self) -> list[int]:
+        """The selected atoms up to the cliff (all of them without one)."""
+        return self.order[:self.size] if self.size is not None else list(self.order)
+
+
+def cliff(ratios: list[float], threshold: float = CLIFF) -> int | None:
+    """The support size the residual ratios point to: the step of the steepest drop when it falls below
+    ``threshold`` (the last true atom takes the residual to the numerical floor: 2e-6 at float32 noise, while every
+    step after it removes almost nothing, ratios near 1), else None."""
+    if not ratios:
+        return None
+    k = min(range(len(ratios)), key=lambda i: ratios[i])
+    return k + 1 if ratios[k] < threshold else None
+
+
+def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_cliff: bool = True) -> SparseFit:
+    """Order-recursive simultaneous OMP of ``y`` [d, L] over ``dictionary``: at each step the atom a that removes the
+    most residual energy, ‖Z_a‖² / p_a (Z = DᵀR its correlations with the residual, p_a its energy outside the span
+    of those selected), up to ``max_atoms`` selections (and at most d − 1), stopping after the cliff
+    (:func:`cliff`) when ``stop_at_cliff``. float64 throughout; memory O(|D|·L + d·(L + max_atoms) + chunk·d)."""
+    d = y.shape[0]
+    if dictionary.dim != d:
+        raise GleakError(f"the dictionary's atoms have {dictionary.dim} dimensions, the measurement {d}")
+    y = y.double()
+    total = float(y.norm())
+    if total == 0.0:
+        return SparseFit(order=[], ratios=[], scores=[], size=0, residual=0.0)
+    # compress: the scores depend on Y only through YYᵀ, so Y's left singular vectors scaled by its singular values
+    # carry everything, in at most d columns
+    u, s, _ = torch.linalg.svd(y, full_matrices=False)
+    keep = s > 1e-12 * s[0]
+    resid = u[:, keep] * s[keep]
+    z = torch.empty(dictionary.size, resid.shape[1], dtype=torch.float64)
+    for first, atoms in dictionary.chunks("sparse fit: correlations, atoms"):
+        z[first:first + len(atoms)] = atoms @ resid
+    energy = torch.ones(dictionary.size, dtype=torch.float64)
+    chosen = torch.zeros(dictionary.size, dtype=torch.bool)
+    basis = torch.empty(d, 0, dtype=torch.float64)
+    order: list[int] = []
+    ratios: list[float] = []
+    scores: list[float] = []
+    before = float(resid.norm())
+    steps = min(max_atoms, d - 1)
+    for step in range(steps):
+        gain = z.square().sum(1) / energy.clamp_min(1e-12)
+        gain[chosen | (energy < SPENT)] = -math.inf
+        j = int(torch.argmax(gain))
+        if not math.isfinite(float(gain[j])):
+            break
+        atom = _atom(dictionary, j)
+        q = atom - basis @ (basis.T @ atom)
+        q = q - basis @ (basis.T @ q)  # once more: float64 keeps the basis orthonormal to ~1e-15
+        norm = float(q.norm())
+        if norm < math.sqrt(SPENT):
+            chosen[j] = True
+            continue
+        q = q / norm
+        basis = torch.cat([basis, q[:, None]], 1)
+        rho = q @ resid
+        resid = resid - torch.outer(q, rho)
+        for first, atoms in dictionary.chunks(f"sparse fit: step {step + 1}/{steps}, atoms"):
+            alpha = atoms @ q
+            part = slice(first, first + len(atoms))
+            z[part] -= torch.outer(alpha, rho)
+            energy[part] -= alpha.square()
+        chosen[j] = True
+        order.append(j)
+        scores.append(float(gain[j]))
+        after = float(resid.norm())
+        ratios.append(after / before if before > 0 else 0.0)
+        before = after
+        if stop_at_cliff and after <= 1e-12 * total:
+            break
+        edge = cliff(ratios) if stop_at_cliff else None
+        if edge is not None and len(ratios) >= edge + 2:
+            break  # two steps past the cliff: the ratios are back near 1
+    return SparseFit(order=order, ratios=ratios, scores=scores, size=cliff(ratios), residual=before / total,
+                     diagnostics={"columns": float(resid.shape[1])})
+
+
+def _atom(dictionary: Dictionary, index: int) -> torch.Tensor:
+    return dictionary.chunk(index, 1)[0].double()
