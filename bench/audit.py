@@ -57,9 +57,9 @@ def make_captures(folder: Path, n: int) -> None:
     import torch
 
     from gleak.capture import save_capture, save_truth, truth_path_for
-    from gleak.data import load_dataset
+    from gleak.data.images import load_dataset
     from gleak.models import load_model
-    from gleak.simulate import ClientConfig, simulate_client
+    from gleak.simulate.images import ClientConfig, simulate_client
 
     torch.set_num_threads(1)
     model = load_model(SAMPLES / "models/lenet_untrained.safetensors")

@@ -20,10 +20,10 @@ import torchvision
 
 import gleak.attacks.context as context
 from gleak.attacks import build_context, get_attack, run_attack
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.metrics.labels import label_scores, truth_counts
 from gleak.models import LoadedModel, build_zoo_model
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 ROOT = Path(__file__).resolve().parent.parent
 ATTACKS = ("ilrg", "llg-plus", "zlg-plus", "posterior", "rlu")

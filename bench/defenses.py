@@ -76,7 +76,7 @@ from gleak.attacks import AttackResult, Context, build_context, get_attack, run_
 from gleak.attacks.labels.softlabel import COEFFICIENT  # noqa: E402
 from gleak.attacks.plan import run_label_attacks, select_attacks  # noqa: E402
 from gleak.capture import Capture, capture_gradients  # noqa: E402
-from gleak.data import Dataset, load_dataset  # noqa: E402
+from gleak.data.images import Dataset, load_dataset  # noqa: E402
 from gleak.defenses import Defense, apply_defenses, contribution_distortion, parse_defense  # noqa: E402
 from gleak.defenses.apply import contribution_norm  # noqa: E402
 from gleak.defenses.transforms import Clip  # noqa: E402
@@ -84,7 +84,7 @@ from gleak.io import tensors_sha256  # noqa: E402
 from gleak.losses import LossSpec  # noqa: E402
 from gleak.metrics.labels import chance_scores, truth_counts  # noqa: E402
 from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
-from gleak.simulate import ClientConfig, simulate_client  # noqa: E402
+from gleak.simulate.images import ClientConfig, simulate_client  # noqa: E402
 
 PARTS = ("softlabel", "llg", "rlu", "grid", "rgla")
 DEFAULT_TRIALS = {"softlabel": 5, "llg": 10, "rlu": 10, "grid": 10, "rgla": 5}

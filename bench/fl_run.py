@@ -146,7 +146,7 @@ def accuracies(models: Path, captures: Path) -> dict[str, Any]:
     import torch
 
     from gleak.capture import load_capture
-    from gleak.data import load_dataset
+    from gleak.data.images import load_dataset
     from gleak.models import load_model
 
     torch.set_num_threads(1)

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gleak.capture import Truth, capture_gradients, save_capture  # noqa: E402
-from gleak.data import Dataset, save_dataset  # noqa: E402
+from gleak.data.images import Dataset, save_dataset  # noqa: E402
 from gleak.models import build_arch, save_model  # noqa: E402
 
 HEADS = {

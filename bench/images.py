@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from gleak.attacks import build_context, get_attack  # noqa: E402
 from gleak.attacks.reconstruct.base import to_pixels  # noqa: E402
 from gleak.capture import Capture, Truth, save_capture  # noqa: E402
-from gleak.data import Dataset, load_dataset  # noqa: E402
+from gleak.data.images import Dataset, load_dataset  # noqa: E402
 from gleak.io import tensors_sha256  # noqa: E402
 from gleak.metrics.identification import draw_distractors, identify  # noqa: E402
 from gleak.metrics.images import image_scores  # noqa: E402
@@ -53,7 +53,7 @@ from gleak.report.images import grid, lineup_picture, png_bytes  # noqa: E402
 from gleak.runs.audit.capture import audit_capture, audit_loaded  # noqa: E402
 from gleak.runs.audit.setup import AuditConfig, ModelSet  # noqa: E402
 from gleak.runs.reconstruct import reconstruct  # noqa: E402
-from gleak.simulate import ClientConfig, simulate_client  # noqa: E402
+from gleak.simulate.images import ClientConfig, simulate_client  # noqa: E402
 
 OUT = ROOT / "bench" / "results"
 CLIENT, AUX = ROOT / "samples/data/mnist_client.safetensors", ROOT / "samples/data/mnist_aux.safetensors"

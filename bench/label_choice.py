@@ -19,10 +19,10 @@ import torchvision
 
 from gleak.attacks import build_context
 from gleak.attacks.reconstruct.inputs import best_supported_counts
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.metrics.labels import label_scores, truth_counts
 from gleak.models import LoadedModel, build_zoo_model, load_model
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "samples/data"

@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.plan import select_attacks  # noqa: E402
 from gleak.capture import capture_gradients  # noqa: E402
-from gleak.data import load_dataset  # noqa: E402
+from gleak.data.images import load_dataset  # noqa: E402
 from gleak.metrics.labels import chance_scores, label_scores, truth_counts  # noqa: E402
 from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
-from gleak.simulate import ClientConfig, simulate_client  # noqa: E402
+from gleak.simulate.images import ClientConfig, simulate_client  # noqa: E402
 
 ATTACKS = ["idlg", "llg", "llg-star", "llg-plus", "ilrg", "zlg", "zlg-plus", "posterior", "rlu"]
 

@@ -44,7 +44,7 @@ from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.reconstruct.base import to_pixels  # noqa: E402
 from gleak.attacks.reconstruct.inputs import prepare  # noqa: E402
 from gleak.capture import Truth, capture_gradients  # noqa: E402
-from gleak.data import Dataset, load_dataset  # noqa: E402
+from gleak.data.images import Dataset, load_dataset  # noqa: E402
 from gleak.losses import LossSpec  # noqa: E402
 from gleak.metrics.images import image_scores  # noqa: E402
 from gleak.metrics.perceptual import load_lpips  # noqa: E402

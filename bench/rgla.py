@@ -47,7 +47,7 @@ from gleak.attacks import RunInputs, build_context, get_attack, run_attack  # no
 from gleak.attacks.reconstruct.base import to_pixels  # noqa: E402
 from gleak.attacks.reconstruct.disaggregate import OutputSystem  # noqa: E402
 from gleak.capture import capture_gradients  # noqa: E402
-from gleak.data import Dataset, load_dataset  # noqa: E402
+from gleak.data.images import Dataset, load_dataset  # noqa: E402
 from gleak.generator.file import GeneratorFile, load_generator, save_generator  # noqa: E402
 from gleak.generator.train import TrainSettings, aux_features, train_decoder  # noqa: E402
 from gleak.io import tensors_sha256  # noqa: E402
@@ -55,7 +55,7 @@ from gleak.losses import LossSpec  # noqa: E402
 from gleak.metrics.images import image_scores  # noqa: E402
 from gleak.models import LoadedModel, build_arch, find_last_layer, load_model  # noqa: E402
 from gleak.models.forward import features_and_logits  # noqa: E402
-from gleak.simulate import ClientConfig, simulate_client  # noqa: E402
+from gleak.simulate.images import ClientConfig, simulate_client  # noqa: E402
 
 THREADS = 1
 CACHE = Path("/tmp/gleak-rgla-bench")

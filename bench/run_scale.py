@@ -37,9 +37,9 @@ def make_run(folder: Path, rounds: int, clients: int = 1, same_model: bool = Fal
     import torch
 
     from gleak.capture import save_capture
-    from gleak.data import load_dataset
+    from gleak.data.images import load_dataset
     from gleak.models import build_zoo_model, save_model
-    from gleak.simulate import ClientConfig, simulate_client
+    from gleak.simulate.images import ClientConfig, simulate_client
 
     if folder.exists():
         return folder

@@ -38,7 +38,7 @@ def make_captures(folder: Path, count: int, batch: int = 32, seed: int = 0) -> N
     import torch
 
     from gleak.capture import Truth, capture_gradients, save_capture
-    from gleak.data import load_dataset
+    from gleak.data.images import load_dataset
     from gleak.models import load_model
 
     torch.manual_seed(seed)

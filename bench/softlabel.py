@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from gleak.attacks import build_context, get_attack, run_attack  # noqa: E402
 from gleak.attacks.labels.softlabel import COEFFICIENT  # noqa: E402
 from gleak.capture import capture_gradients  # noqa: E402
-from gleak.data import Dataset, load_dataset  # noqa: E402
+from gleak.data.images import Dataset, load_dataset  # noqa: E402
 from gleak.losses import LossSpec  # noqa: E402
 from gleak.models import LoadedModel, build_zoo_model, load_model  # noqa: E402
 

@@ -24,11 +24,11 @@ import torch
 from PIL import Image
 
 from gleak.capture import save_capture, save_truth, truth_path_for
-from gleak.data import Dataset, save_dataset
+from gleak.data.images import Dataset, save_dataset
 from gleak.io import load_numpy_pickle
 from gleak.losses import LossSpec
 from gleak.models import build_zoo_model, save_model, zoo_input_shape
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 ROOT = Path(__file__).resolve().parent.parent / "samples"
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
@@ -190,7 +190,7 @@ def build_generative() -> None:
     """The RGLA/FGLA demo from the files above: a B = 8 FedSGD capture with repeated labels (RGLA needs
     B ≤ C + 1; the B = 32 capture is beyond it) and a generator for the untrained LeNet trained on the aux
     split only. Reads only samples/, so it can run alone (``--only generative``)."""
-    from gleak.data import load_dataset
+    from gleak.data.images import load_dataset
     from gleak.generator.file import save_generator
     from gleak.generator.train import TrainSettings, aux_features, train_decoder
     from gleak.io import tensors_sha256

@@ -17,11 +17,11 @@ from gleak.attacks import build_context
 from gleak.attacks.labels.confidence import FIT_LEVEL, Confidence, calibrate, composition
 from gleak.attacks.plan import select_attacks
 from gleak.capture import save_capture
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.metrics.labels import chance_scores, truth_counts
 from gleak.models import load_model
 from gleak.report.model import SCHEMA_PATH, AttackEntry, CaptureReport, FileRef, LabelResult, LabelsReport, Report
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import FEDSGD, LENET, MNIST_AUX, MNIST_CLIENT, SAMPLES
 

@@ -11,12 +11,12 @@ from gleak.attacks import build_context, get_attack, run_attack
 from gleak.attacks.reconstruct.inputs import targets_from_truth
 from gleak.attacks.reconstruct.objective import GradientMatcher
 from gleak.capture import Truth, capture_gradients
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.losses import LossSpec
 from gleak.metrics.labels import truth_counts
 from gleak.models import LoadedModel, build_zoo_model, load_model
 from gleak.models.modes import batch_statistics
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import CIFAR, LENET, MNIST_AUX, MNIST_CLIENT
 

@@ -44,7 +44,7 @@ from gleak.attacks import AttackResult
 from gleak.attacks.context import build_context
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, load_capture, load_truth, truth_path_for
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.defenses import Defense, apply_defenses, parse_defense, rebuild_defenses, recorded_defenses
 from gleak.defenses.apply import contribution_norm
 from gleak.metrics.labels import chance_scores, truth_counts

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from gleak.capture import Capture, load_capture, load_truth, truth_path_for
-from gleak.data import Dataset, load_dataset
+from gleak.data.images import Dataset, load_dataset
 from gleak.defenses import DEFENSES, apply_defenses, parse_defense
 from gleak.errors import GleakError
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import FEDSGD, LENET, MNIST_AUX, MNIST_CLIENT
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.runs.audit import AuditConfig, ModelSet, audit_capture
 
 from .conftest import LENET, MNIST_AUX, SAMPLES
@@ -87,7 +87,7 @@ def _run_folder(root: Path, rounds: int, pt2: bool = False) -> Path:
 
     from gleak.capture import save_capture
     from gleak.models import build_zoo_model, save_model
-    from gleak.simulate import ClientConfig, simulate_client
+    from gleak.simulate.images import ClientConfig, simulate_client
 
     (root / "models").mkdir(parents=True)
     (root / "captures").mkdir()

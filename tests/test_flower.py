@@ -103,7 +103,7 @@ def test_flower_strategy_audits_each_reply_and_aggregates_unchanged(tmp_path: Pa
 
     model = load_model(SAMPLES / "models" / "lenet_untrained.safetensors").module
     g = {k: v.clone() for k, v in model.state_dict().items()}
-    from gleak.data import load_dataset
+    from gleak.data.images import load_dataset
 
     data = load_dataset(MNIST_AUX)
     x, y = data.batch(range(100, 108))

@@ -21,10 +21,10 @@ from gleak.attacks.reconstruct.disaggregate import (
 )
 from gleak.attacks.reconstruct.inputs import targets_from_truth
 from gleak.capture import load_capture, load_truth, truth_path_for
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.generator.file import load_generator, save_generator
 from gleak.models import forward, load_model
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import FEDSGD, LENET, MNIST_CLIENT, SAMPLES
 

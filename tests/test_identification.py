@@ -15,7 +15,7 @@ from torch import nn
 from gleak.attacks import build_context
 from gleak.attacks.consistency import batch_size_conflicts, gradient_rank
 from gleak.capture import capture_gradients, save_capture
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.io import tensors_sha256
 from gleak.metrics.identification import clopper_pearson, draw_distractors, identify, lowpass, ncc
 from gleak.models import LoadedModel
@@ -23,7 +23,7 @@ from gleak.report.model import AttackEntry, CaptureReport, FileRef, Thresholds
 from gleak.runs.audit.capture import audit_loaded
 from gleak.runs.audit.findings import expected_image_finding, image_finding, image_severity
 from gleak.runs.audit.setup import AuditConfig
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import MNIST_AUX, MNIST_CLIENT
 

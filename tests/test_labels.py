@@ -16,11 +16,11 @@ from gleak.attacks.labels.counts import logit_grads, round_counts, row_sums
 from gleak.attacks.labels.llg import llg_extract
 from gleak.capture import load_capture as load_capture_fn
 from gleak.capture import save_capture, save_truth, truth_path_for
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.losses import LossSpec, client_loss
 from gleak.metrics.labels import chance_scores, label_scores, truth_counts
 from gleak.models import LoadedModel, build_zoo_model, load_model
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import CIFAR, FEDAVG, FEDSGD, LENET, MNIST_AUX, MNIST_CLIENT
 

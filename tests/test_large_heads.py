@@ -14,7 +14,7 @@ from gleak.attacks.labels import counts as counts_module
 from gleak.attacks.labels import llg as llg_module
 from gleak.attacks.labels.counts import affine_logit_grads, logit_grads
 from gleak.capture import capture_gradients
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.losses import LossSpec
 from gleak.models import LoadedModel
 from gleak.runs.inputs import InputSpec, ModelSpec
@@ -73,7 +73,7 @@ def test_max_memory_skips_an_attack_with_one_line_naming_the_option() -> None:
 
 def test_labels_cli_option_max_memory(tmp_path: Path, gleak) -> None:
     from gleak.capture import save_capture
-    from gleak.data import save_dataset
+    from gleak.data.images import save_dataset
     from gleak.models import save_model
 
     cap, model, aux, _ = head(1000, 256, 32)
@@ -131,7 +131,7 @@ def test_reduced_space_recovers_an_untrained_head_exactly(monkeypatch: pytest.Mo
 
 def test_a_large_head_through_the_labels_run(tmp_path: Path) -> None:
     from gleak.capture import save_capture
-    from gleak.data import save_dataset
+    from gleak.data.images import save_dataset
     from gleak.models import save_model
 
     cap, model, aux, y = head(2000, 64, 16)

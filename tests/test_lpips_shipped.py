@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.metrics import perceptual
 from gleak.metrics.perceptual import load_lpips
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from gleak.attacks import REGISTRY, build_context, get_attack, run_attack
 from gleak.capture import Capture, capture_gradients, load_capture, save_capture
-from gleak.data import Dataset, load_dataset
+from gleak.data.images import Dataset, load_dataset
 from gleak.errors import GleakError
 from gleak.models import build_zoo_model, load_model, save_model
 from gleak.models.export_archive import (

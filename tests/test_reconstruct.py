@@ -17,7 +17,7 @@ from gleak.attacks.reconstruct.fcn import linear_chain
 from gleak.attacks.reconstruct.inputs import prepare, targets_from_counts
 from gleak.attacks.reconstruct.optimize import adam, lbfgs
 from gleak.capture import load_capture, load_truth, save_capture, save_truth, truth_path_for
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.errors import GleakError
 from gleak.losses import LossSpec
 from gleak.metrics import perceptual
@@ -25,7 +25,7 @@ from gleak.metrics.images import baseline_psnr, image_scores, match, psnr, ssim
 from gleak.metrics.perceptual import load_lpips
 from gleak.models import LoadedModel, build_zoo_model, load_model, save_model
 from gleak.report.images import MIN_SHOWN, grid
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import CIFAR, CNN, FEDAVG, FEDSGD, LENET, MNIST_CLIENT, SAMPLES
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gleak.capture import save_capture
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.errors import GleakError
 from gleak.models import build_zoo_model, save_model
 from gleak.report.formats import get_format
@@ -19,7 +19,7 @@ from gleak.report.model import AttackEntry, CaptureReport, FileRef, Finding, Rep
 from gleak.report.plots import plot_name, svg_markup
 from gleak.report.run_view import build_run_view
 from gleak.runs.audit.setup import parse_fail_rounds
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import MNIST_CLIENT
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.errors import GleakError
 from gleak.losses import LossSpec
 from gleak.models import build_zoo_model, load_model
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import LENET, MNIST_CLIENT
 

@@ -13,7 +13,7 @@ import torch
 from gleak.attacks import build_context, get_attack, run_attack
 from gleak.attacks.base import AttackResult
 from gleak.capture import Capture, capture_gradients, load_capture, load_truth, truth_path_for
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.losses import LossSpec
 from gleak.models import LoadedModel, build_zoo_model, load_model
 

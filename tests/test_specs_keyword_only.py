@@ -26,7 +26,7 @@ from gleak.runs.simulate import SimulateRequest
 from gleak.runs.sweep import AttackPlan, DefenseSweep, SweepRequest
 from gleak.runs.sweep_accuracy import Training
 from gleak.runs.train_generator import TrainGeneratorRequest
-from gleak.simulate import ClientConfig
+from gleak.simulate.images import ClientConfig
 
 SPECS: tuple[type, ...] = (
     ModelSpec, InputSpec, LabelsRequest, ReconstructRequest, SimulateRequest, TrainGeneratorRequest, SweepRequest,

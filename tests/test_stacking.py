@@ -12,10 +12,10 @@ from gleak.attacks import build_context, run_attack
 from gleak.attacks.labels.confidence import CalibrationCache, calibrate
 from gleak.attacks.labels.stacking import features, fit, out_of_fold
 from gleak.attacks.plan import select_attacks
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.metrics.labels import chance_scores, label_scores, truth_counts
 from gleak.models import load_model
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 from .conftest import MNIST_AUX, SAMPLES
 

@@ -396,7 +396,7 @@ def test_privacy_utility_plot_has_its_accessible_name(tmp_path: Path) -> None:
 
 
 def test_the_held_out_split_is_disjoint_from_training_and_seeded() -> None:
-    from gleak.data import load_dataset
+    from gleak.data.images import load_dataset
     from gleak.runs.sweep_accuracy import split_data
 
     data = load_dataset(MNIST_CLIENT)

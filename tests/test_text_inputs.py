@@ -307,7 +307,7 @@ def test_the_client_checks_what_it_tokenises(hf: dict[str, Path]) -> None:
     """simulate_text_client, as gleak simulate and the audit's twins call it: truncated to the positions, notices
     handed back, the capture's max_length the one used; the gradients the same with and without the Ctrl-C hooks."""
     from gleak.models import load_model, load_tokenizer
-    from gleak.simulate import ClientConfig
+    from gleak.simulate.images import ClientConfig
     from gleak.simulate.text import TextClientOptions, interruptible, simulate_text_client
 
     loaded = load_model(hf["gpt2"])

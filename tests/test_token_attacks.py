@@ -412,7 +412,8 @@ def test_the_first_blocks_ranks_vote_so_a_transient_gap_does_not_drop_weak_input
     cuts = [spacing_cut(dist[:, j], 20) for j in range(6)]
     best = max(range(6), key=lambda j: cuts[j][1])
     assert best == 1 and cuts[1][0] == 5  # the widest single gap sets apart the strong inputs only
-    votes, _ = rank_vote(dist, cuts)
+    below = [torch.argsort(dist[:, j])[:k] for j, (k, _, _) in enumerate(cuts)]
+    votes = rank_vote(below, [w for _, _, w in cuts], len(dist))
     assert set((votes > 0.5).nonzero().flatten().tolist()) == set(range(8))
     assert float(votes[8:].max()) < 0.05  # only rank 1, where nothing is inside, cuts among them (weight near 0)
 

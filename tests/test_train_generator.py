@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from gleak.cli import app
-from gleak.data import load_dataset, save_dataset
+from gleak.data.images import load_dataset, save_dataset
 from gleak.errors import GleakError
 from gleak.generator.file import check_fits, load_generator
 from gleak.generator.train import aux_features

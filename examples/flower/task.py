@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from flwr.app import Context
 
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.integrations.flower import record_batch
 from gleak.models import load_model
 

@@ -19,7 +19,7 @@ from gleak.attacks.requirements import Requirements
 from gleak.attacks.tokens.adapters import lora_factors
 from gleak.attacks.tokens.view import POSITION_NAMES, TextModelSpec, TokenView, is_lora_only, token_view
 from gleak.capture import Capture, ModelCheck, check_model_hash, validate_against_model
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.errors import GleakError, shorten
 from gleak.io import tensors_sha256
 from gleak.losses import LossSpec

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.errors import GleakError
 from gleak.generator.network import DecoderSpec, FeatureDecoder
 from gleak.models import LastLayer, forward

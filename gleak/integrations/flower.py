@@ -747,7 +747,7 @@ class GleakAuditStrategy(Strategy):
     """Wrap a server strategy: audit every training reply's labels with the round's global weights.
 
     ``model``: the global model's architecture, an arch spec (``lenet``, ``torchvision:resnet18``…) or a module
-    of that architecture. ``aux``: auxiliary data (a path or :class:`gleak.data.Dataset`) for the attacks that
+    of that architecture. ``aux``: auxiliary data (a path or :class:`gleak.data.images.Dataset`) for the attacks that
     need it. ``log_path``: the JSON lines file (one line per client per round: counts per attack, findings,
     seconds). ``capture_dir``: also write each reply as a capture there. ``confidence``: batches simulated per
     round to calibrate the attacks (GLEAK-LABELS-EXPECTED findings; 0: off). Metadata arguments as for
@@ -767,7 +767,7 @@ class GleakAuditStrategy(Strategy):
                  input_shape: Sequence[int] | None = None, mean: Sequence[float] | None = None,
                  std: Sequence[float] | None = None, seed: int = 0, force: bool = False,
                  confidence: int = 24, lora: LoraApp | None = None) -> None:
-        from gleak.data import Dataset, load_dataset
+        from gleak.data.images import Dataset, load_dataset
         from gleak.runs.audit import AuditConfig
 
         super().__init__()

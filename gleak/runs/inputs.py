@@ -14,7 +14,7 @@ import torch
 
 from gleak.attacks import Context, build_context
 from gleak.capture import TextTruth, Truth, load_capture, load_text_truth, load_truth, truth_path_for
-from gleak.data import Dataset, load_dataset
+from gleak.data.images import Dataset, load_dataset
 from gleak.data.text import check_token_batch_fits
 from gleak.errors import TRUTH_CONTRADICTION, GleakError
 from gleak.io import companion_exists, show

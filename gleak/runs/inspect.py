@@ -10,7 +10,7 @@ import torch
 
 from gleak.attacks import REGISTRY, build_context
 from gleak.capture import Capture, check_model_hash, load_capture, truth_path_for, validate_against_model
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.errors import GleakError
 from gleak.io import companion_exists
 from gleak.models import LoadedModel, find_last_layer, guess_last_layer, load_model

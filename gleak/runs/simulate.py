@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gleak.capture import Capture, TextTruth, Truth, save_capture, save_text_truth, save_truth, truth_path_for
-from gleak.data import load_dataset
+from gleak.data.images import load_dataset
 from gleak.data.text import is_text_data, load_text_data
 from gleak.defenses import Defense
 from gleak.errors import GleakError
@@ -17,7 +17,7 @@ from gleak.metrics.labels import truth_counts
 from gleak.models import LoadedModel, load_model, load_tokenizer
 from gleak.models.peft import LoraAdapter, LoraSpec, adapter_path_for, check_adapter_writable, save_adapter
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, resolve_device
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 from gleak.simulate.text import TextClientOptions, simulate_lora_client, simulate_text_client
 
 

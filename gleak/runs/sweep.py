@@ -37,7 +37,7 @@ from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.attacks.registry import attack_class, resolve_assignments
 from gleak.capture import Capture, Truth
-from gleak.data import Dataset, load_dataset
+from gleak.data.images import Dataset, load_dataset
 from gleak.defenses import (
     DEFENSES,
     Defense,
@@ -77,7 +77,7 @@ from gleak.runs.sweep_accuracy import (
     split_data,
     train_points,
 )
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 if TYPE_CHECKING:
     from gleak.attacks.reconstruct.inputs import ReconInputs

@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gleak.data import Dataset, load_dataset
+from gleak.data.images import Dataset, load_dataset
 from gleak.defenses import Defense
 from gleak.errors import GleakError
 from gleak.models import LoadedModel
 from gleak.runs.inputs import check_model_fits_data
-from gleak.simulate import ClientConfig, simulate_client
+from gleak.simulate.images import ClientConfig, simulate_client
 
 UTILITIES = ("cosine", "accuracy")
 DEFAULT_ROUNDS = 20

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gleak.data import Dataset, load_dataset
+from gleak.data.images import Dataset, load_dataset
 from gleak.errors import GleakError
 from gleak.generator.file import save_generator
 from gleak.generator.train import TrainResult, TrainSettings, aux_features, train_decoder

@@ -1,15 +1,3 @@
 """A federated client simulated on real data, written as a capture and its truth: :mod:`gleak.simulate.images`
 (a classifier on image batches; its :class:`~gleak.simulate.images.ClientConfig` is every client's) and
-:mod:`gleak.simulate.text` (a language model on token batches, in full or through a LoRA adapter). The image
-client's API is re-exported here."""
-
-from gleak.simulate.images import (
-    COMPOSITIONS,
-    DIRICHLET_CLIENTS,
-    SCHEMES,
-    ClientConfig,
-    local_optimizer,
-    simulate_client,
-)
-
-__all__ = ["COMPOSITIONS", "DIRICHLET_CLIENTS", "SCHEMES", "ClientConfig", "local_optimizer", "simulate_client"]
+:mod:`gleak.simulate.text` (a language model on token batches, in full or through a LoRA adapter)."""

@@ -4,7 +4,7 @@ For one capture, gleak simulates ``K`` client contributions with the capture's o
 m, learning rate, optimizer, loss, train/eval mode) on batches drawn from the auxiliary data, in two
 *compositions* — even-numbered ones ``uniform`` (every label drawn uniformly from the classes of the aux data, as an
 IID client's are), odd-numbered ones ``dirichlet`` (a non-IID client: labels drawn from skewed class shares, those
-of one of 10 clients with Dirichlet(α = 0.5) shares, the same for all its local steps; :mod:`gleak.simulate`) —
+of one of 10 clients with Dirichlet(α = 0.5) shares, the same for all its local steps; :mod:`gleak.simulate.images`) —
 runs each label attack on them, and measures its errors against the simulated truth:
 
 * ``half_width`` q: the split-conformal quantile of |n̂_j − n_j| over the simulated (batch, class) pairs, so that
@@ -60,7 +60,7 @@ from gleak.attacks.base import Attack, run_attack
 from gleak.attacks.context import Context
 from gleak.attacks.labels import stacking
 from gleak.attacks.labels.stacking import Stack
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.errors import GleakError
 from gleak.metrics.labels import chance_scores, label_scores
 
@@ -142,7 +142,7 @@ class Composition:
         k = len(self.classes)
         if self.name == "uniform":
             return f"every label drawn uniformly from the {k} classes of the aux data (an IID client)"
-        from gleak.simulate import DIRICHLET_CLIENTS
+        from gleak.simulate.images import DIRICHLET_CLIENTS
 
         return (f"a non-IID client: labels drawn from its skewed class shares (one of {DIRICHLET_CLIENTS} clients "
                 f"with Dirichlet(α = {self.alpha:g}) shares over the {k} classes of the aux data), the same shares "
@@ -167,10 +167,10 @@ class Composition:
 
 def draw_counts(name: str, total: int, num_classes: int, classes: Iterable[int], alpha: float = DIRICHLET_ALPHA,
                 draws: int = CHANCE_DRAWS, seed: int = 0) -> np.ndarray:
-    """[draws, C] label counts of ``total`` labels drawn as :mod:`gleak.simulate` draws them: ``uniform`` (each
+    """[draws, C] label counts of ``total`` labels drawn as :mod:`gleak.simulate.images` draws them: ``uniform`` (each
     label uniform over ``classes``) or ``dirichlet`` (per draw, class weights Beta(α, (10 − 1)·α) normalised over
     ``classes``, the client's shares, then every label from them)."""
-    from gleak.simulate import DIRICHLET_CLIENTS
+    from gleak.simulate.images import DIRICHLET_CLIENTS
 
     present = np.asarray(sorted(set(classes)), dtype=np.int64)
     rng = np.random.default_rng(seed)
@@ -443,7 +443,7 @@ def calibrate(ctx: Context, attacks: Sequence[Attack], simulations: int = SIMULA
     from gleak.io import tensors_sha256
     from gleak.metrics.labels import truth_counts
     from gleak.models.loading import LoadedModel
-    from gleak.simulate import ClientConfig, simulate_client
+    from gleak.simulate.images import ClientConfig, simulate_client
 
     if ctx.aux is None:
         return {}, "not calibrated: needs auxiliary data (--aux) to simulate batches like the client's"

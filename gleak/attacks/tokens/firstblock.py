@@ -124,22 +124,20 @@ def spacing_cut(dist: torch.Tensor, most: int) -> tuple[int, float, float]:
     return k, math.exp(float(gaps[k - 1])), float(weight[k - 1])
 
 
-def rank_vote(dist: torch.Tensor, cuts: list[tuple[int, float, float]]) -> tuple[torch.Tensor, int]:
-    """(votes, best): for each token (row of ``dist`` [N, ranks]) the share of the ranks, each weighted by its
-    normalized spacing (:func:`spacing_cut`'s weight), whose cut puts it below the gap; ``best`` the index of the
-    best-weighted rank. A present input, once its direction is inside the span, stays below every larger rank's
-    cut, so on a trained model the inputs show a plateau of ranks that agree, while a single rank whose gap is
-    wide only because some inputs are not yet inside (a transient) is outvoted; a token proven by more than half
-    the weight is proven (issue 44: one rank's widest gap missed the inputs the model predicts with certainty)."""
-    votes = torch.zeros(dist.shape[0], dtype=torch.float64)
+def rank_vote(below: list[torch.Tensor], weights: list[float], count: int) -> torch.Tensor:
+    """For each of ``count`` tokens the share of the ranks, each weighted by its normalized spacing
+    (:func:`spacing_cut`'s weight), whose cut puts it below the gap (``below[j]``: the indices rank j's cut keeps). A
+    present input, once its direction is inside the span, stays below every larger rank's cut, so on a trained
+    model the inputs show a plateau of ranks that agree, while a single rank whose gap is wide only because some
+    inputs are not yet inside (a transient) is outvoted; a token proven by more than half the weight is proven
+    (issue 44: one rank's widest gap missed the inputs the model predicts with certainty)."""
+    votes = torch.zeros(count, dtype=torch.float64)
     total = 0.0
-    for j, (k, _, weight) in enumerate(cuts):
-        if k < 1 or weight <= 0:
-            continue
-        votes[torch.argsort(dist[:, j])[:k]] += weight
-        total += weight
-    best = max(range(len(cuts)), key=lambda i: cuts[i][2]) if cuts else 0
-    return (votes / total if total > 0 else votes), best
+    for kept, weight in zip(below, weights, strict=True):
+        if len(kept) and weight > 0:
+            votes[kept] += weight
+            total += weight
+    return votes / total if total > 0 else votes
 
 
 def check_bag(bag: Bag, model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab_size: int, positions: int,
@@ -177,15 +175,15 @@ def check_bag(bag: Bag, model: nn.Module, tensors: Mapping[str, torch.Tensor], v
     most = min(n - 1, max_tokens or n - 1)
     # an r-dimensional span holds at most r tokens' inputs in general position: a cut below more is no proof
     cuts = [spacing_cut(dist[:, j], min(most, r)) for j, r in enumerate(ranks)]
-    votes, j = rank_vote(dist, cuts)
+    below = [torch.argsort(dist[:, j])[:k] for j, (k, _, _) in enumerate(cuts)]
+    votes = rank_vote(below, [w for _, _, w in cuts], len(tested))
     close = votes > 0.5
     proven = torch.zeros_like(flagged)
     proven[tested[close]] = True
     # the separation of the vote: the widest gap among the ranks whose cut is the vote's set (the best-weighted
     # rank's when none is)
-    agree = [i for i, (k, _, _) in enumerate(cuts)
-             if k == int(close.sum()) and bool(close[torch.argsort(dist[:, i])[:k]].all())]
-    chosen = max(agree, key=lambda i: cuts[i][2]) if agree else j
+    agree = [j for j, kept in enumerate(below) if len(kept) == int(close.sum()) and bool(close[kept].all())]
+    chosen = max(agree or range(len(cuts)), key=lambda j: cuts[j][2])
     separation, weight = cuts[chosen][1], cuts[chosen][2]
     was_tested = torch.zeros_like(flagged)
     was_tested[tested] = True
@@ -199,8 +197,7 @@ def check_bag(bag: Bag, model: nn.Module, tensors: Mapping[str, torch.Tensor], v
     counts[~out] = 0
     counts[out] = counts[out].clamp_min(1)
     info = {"modules": block.paths, "rank": ranks[chosen], "ranks_agreeing": len(agree), "positions": positions,
-            "tested": n,
-            "proven": int(proven.sum()), "added": int((proven & ~flagged).sum()),
+            "tested": n, "proven": int(proven.sum()), "added": int((proven & ~flagged).sum()),
             "not_proven": int((flagged & was_tested & ~proven).sum()), "separation": separation,
             "weight": weight, "bag_weight": own, "decided": decides}
     confidence = bag.confidence

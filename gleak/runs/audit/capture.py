@@ -18,7 +18,7 @@ from gleak.attacks.consistency import batch_size_conflicts
 from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.attacks.plan import run_label_attacks, select_attacks
 from gleak.capture import Capture, TextTruth, Truth, load_capture, load_text_truth, load_truth, truth_path_for
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.data.text import TextData, check_token_batch_fits
 from gleak.defenses import recorded_defenses
 from gleak.errors import GleakError, shorten

@@ -46,7 +46,7 @@ def expected_images(ctx: Context, config: AuditConfig, attack: str,
     from gleak.models.loading import LoadedModel
     from gleak.runs.reconstruct import reconstruct
     from gleak.runs.scoring import identification_of
-    from gleak.simulate import ClientConfig, simulate_client
+    from gleak.simulate.images import ClientConfig, simulate_client
 
     settings = client_settings(ctx)
     pool, rest = split_aux(ctx.aux, config.seed)

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from gleak.attacks.labels.confidence import CalibrationCache
 from gleak.capture import Capture
-from gleak.data import Dataset
+from gleak.data.images import Dataset
 from gleak.data.text import TextData
 from gleak.errors import GleakError, Origin
 from gleak.io import probe_input, safetensors_kind, show

@@ -43,7 +43,7 @@ def text_twins(ctx: Context, text_aux: tuple[Path, TextData], count: int, config
     from gleak.attacks.tokens.lora import load_global_adapter
     from gleak.models.peft import LoraSpec, spec_of_config
     from gleak.models.text import load_tokenizer
-    from gleak.simulate import ClientConfig
+    from gleak.simulate.images import ClientConfig
     from gleak.simulate.text import TextClientOptions, simulate_lora_client, simulate_text_client
 
     spec, model = ctx.text_model, ctx.model

@@ -15,7 +15,7 @@ from gleak.report.model import ExecutorName
 from gleak.runs.audit.setup import EXECUTORS
 
 if TYPE_CHECKING:
-    from gleak.data import Dataset
+    from gleak.data.images import Dataset
     from gleak.data.text import TextData
     from gleak.runs.audit.capture import CaptureResult
     from gleak.runs.audit.setup import AuditConfig, ModelSet
@@ -37,7 +37,7 @@ class WorkerSetup:
     def load(self) -> tuple[ModelSet, list[tuple[Path, Dataset | TextData]]]:
         """The model store and the aux data: image sets, and text (.txt/.jsonl) for language models' captures
         (bad files fail here with a GleakError)."""
-        from gleak.data import load_dataset
+        from gleak.data.images import load_dataset
         from gleak.data.text import is_text_data, load_text_data
         from gleak.runs.audit.setup import ModelSet
 
