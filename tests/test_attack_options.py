@@ -29,6 +29,7 @@ OLD_DEFAULTS = {
     "next-tokens": {"exclude": None, "min_gap": None},
     "seq-length": {"relative": 0.0},
     "lora-tokens": {"min_gap": 100.0},
+    "sparse-tokens": {"max_atoms": None, "cliff": 0.1},
     "dager": {"min_gap": 100.0, "span_gap": 10.0, "max_combinations": 20_000},
     "tag": {"iterations": 500, "lr": 0.1, "restarts": 1, "tag_factor": 0.01, "distance": "l1l2",
             "bag_restricted": True, "lengths": "max", "temperature": 0.1},

@@ -159,6 +159,13 @@ def test_the_mod_writes_a_lora_capture_its_adapter_and_its_truth(base: Path, tmp
     lora_tokens = next(t for t in report["tokens"] if t["attack"] == "lora-tokens")
     # four notes hold more distinct tokens than r = 16: the attack ran and says why it cannot separate them
     assert lora_tokens["status"] in ("ok", "failed") and "\n" not in (lora_tokens["reason"] or ""), lora_tokens
+    # beyond the rank, the sparse fit reads lora_A's update: the fresh adapter's first step leaves lora_A unmoved
+    # (B = 0), so exactly the second batch's input tokens are in it
+    sparse = next(t for t in report["tokens"] if t["attack"] == "sparse-tokens")
+    from gleak.metrics.tokens import truth_bags
+
+    assert sparse["status"] == "ok" and sparse["scores"]["precision"] == 1.0, sparse
+    assert {t["id"] for t in sparse["tokens"]} == set(truth_bags(*second)["inputs"])
 
 
 def test_the_mod_survives_what_it_cannot_capture(base: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -66,7 +66,7 @@ def lora_update(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, steps: 
 
 
 def attack(base: nn.Module, tensors: dict[str, torch.Tensor], ids: torch.Tensor, path: Path | None = None,
-           kind: str = "gradient") -> AttackResult:
+           kind: str = "gradient", name: str = "lora-tokens") -> AttackResult:
     spec = spec_of(base, kind="gradient" if kind == "gradient" else "update", batch_size=int(ids.shape[0]),
                    max_length=int(ids.shape[1]))
     layer = LastLayer(name="lm_head", weight_key="lm_head.weight", bias_key=None, weight=torch.zeros(1), bias=None,
@@ -74,7 +74,7 @@ def attack(base: nn.Module, tensors: dict[str, torch.Tensor], ids: torch.Tensor,
     capture = Capture(tensors=tensors, meta={"gleak.kind": kind}, path=path)
     ctx = Context(capture=capture, layer=layer, model=base, num_classes=VOCAB, batch_size=int(ids.shape[0]),
                   local_steps=1, loss=LossSpec(), text_model=spec)
-    return run_token_attack("lora-tokens", ctx)
+    return run_token_attack(name, ctx)
 
 
 def scores(result: AttackResult, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

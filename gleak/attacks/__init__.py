@@ -7,6 +7,7 @@ from gleak.attacks.registry import REGISTRY, get_attack
 from gleak.attacks.requirements import Requirements
 from gleak.attacks.text import attacks as text_attacks  # noqa: F401  (registers dager)
 from gleak.attacks.tokens import attacks as token_attacks  # noqa: F401  (registers the token attacks)
+from gleak.attacks.tokens import beyond as sparse_attacks  # noqa: F401  (registers sparse-tokens)
 from gleak.attacks.tokens import lora as lora_attacks  # noqa: F401  (registers lora-tokens)
 
 __all__ = ["REGISTRY", "Attack", "AttackResult", "Context", "LabelOutput", "Requirements", "RunInputs",

@@ -87,6 +87,7 @@ class TokenOutput:
     token_ids: torch.Tensor
     counts: torch.Tensor
     scores: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None  # per recovered token, in [0, 1], where the attack measures one
     max_length: int | None = None
     lengths: dict[int, int] | None = None
     diagnostics: dict[str, Any] = field(default_factory=dict)

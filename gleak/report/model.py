@@ -515,6 +515,9 @@ class RecoveredToken(_Model):
 
     id: int
     count: int
+    confidence: float | None = Field(None, description="how sure the attack is of this token, in [0, 1], where it "
+                                     "measures one (sparse-tokens: the share of the token's own explained energy "
+                                     "above the residual floor)")
     text: str | None = Field(None, description="the decoded token: present only when the run asked for it "
                              "(--show-text); recovered text is the client's data itself")
 

@@ -26,7 +26,7 @@ from gleak.report.model import RecoveredToken, TokenResult, TokensReport
 from gleak.runs.inputs import Inputs
 
 # which of the truth's multisets each attack recovers (METHODS-text §2.1-§2.3)
-TRUTH_OF = {"token-bag": "inputs", "lora-tokens": "inputs", "next-tokens": "targets"}
+TRUTH_OF = {"token-bag": "inputs", "lora-tokens": "inputs", "sparse-tokens": "inputs", "next-tokens": "targets"}
 
 
 def is_sensitive(text: str) -> bool:
@@ -149,7 +149,9 @@ def _result(result: AttackResult, bags: Mapping[str, Counter[int]] | None, sensi
     if out is None:
         return base
     bag = out.bag()
-    tokens = [RecoveredToken(id=t, count=c, text=decode(t) if decode is not None else None)
+    sure = ({int(t): float(c) for t, c in zip(out.token_ids.tolist(), out.confidence.tolist(), strict=True)}
+            if out.confidence is not None else {})
+    tokens = [RecoveredToken(id=t, count=c, confidence=sure.get(t), text=decode(t) if decode is not None else None)
               for t, c in sorted(bag.items())]
     truth_name = TRUTH_OF.get(result.attack)
     scores = None

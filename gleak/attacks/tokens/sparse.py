@@ -66,6 +66,7 @@ class SparseFit:
     size: int | None
     residual: float  # ‖R‖_F / ‖Y‖_F after the last selection
     diagnostics: dict[str, float] = field(default_factory=dict)
+    rest: torch.Tensor | None = None  # every atom's share of ‖Y‖² it would still explain after the last step [|D|]
 
     @property
     def support(self) -> list[int]:
@@ -144,8 +145,22 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
         edge = cliff(ratios) if stop_at_cliff else None
         if edge is not None and len(ratios) >= edge + 2:
             break  # two steps past the cliff: the ratios are back near 1
+    rest = (z.square().sum(1) / energy.clamp_min(1e-12)).div_(total ** 2)
+    rest[chosen] = 0.0
     return SparseFit(order=order, ratios=ratios, scores=scores, size=cliff(ratios), residual=before / total,
-                     diagnostics={"columns": float(resid.shape[1])})
+                     diagnostics={"columns": float(resid.shape[1])}, rest=rest)
+
+
+def leave_one_out(y: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
+    """Each selected atom's own share of ‖Y‖²: how much the least-squares residual of Y on ``atoms`` [k, d] grows
+    when that atom alone is dropped, ‖c_a‖² / [(UᵀU)⁻¹]_aa (METHODS-sparse §3.10 item 1). [k] float64."""
+    y = y.double()
+    u = atoms.double().T
+    gram_inv = torch.linalg.pinv(u.T @ u, hermitian=True)
+    coef = gram_inv @ (u.T @ y)
+    total = float(y.square().sum()) or 1.0
+    share: torch.Tensor = coef.square().sum(1) / gram_inv.diagonal().clamp_min(1e-300) / total
+    return share
 
 
 def _atom(dictionary: Dictionary, index: int) -> torch.Tensor:

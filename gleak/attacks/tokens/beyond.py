@@ -1,0 +1,231 @@
+"""The bag of input tokens beyond the span test's rank (issue 45; METHODS-sparse §1.3 R2, §3; docs/methods/sparse.md):
+``sparse-tokens``.
+
+A LoRA adapter of rank r on the first block's q/k/v sees a batch's n distinct first-layer inputs; lora_A's gradient
+(or a FedAvg update's ΔA) stacked over those modules is Y = U_S C, [d, Σr]. The span test (``lora-tokens``, DAGER's
+layer-1 test) reads S only while n < rank Y. Every input is an atom of a known dictionary (each vocabulary token's
+first-block input, per position where the model learns positions), and a batch uses a few hundred of them, so the
+joint-sparse fit of :mod:`gleak.attacks.tokens.sparse` identifies S while n < (d + rank Y)/2 (Chen & Huo, IEEE TSP
+2006; Davies & Eldar, IEEE TIT 2012): at LoRA r = 16 and d = 768 that moves the limit from 16 inputs to about 390.
+
+What it answers, and when to trust it (checked on the capture): the residual must fall to the numerical floor at
+one step (the *cliff*: the support size n̂) and n̂ must stay below (d + rank Y)/2. Each token's confidence is the
+share of its own explained energy (leave-one-out) above the residual floor.
+
+Not read here (one line each): a fresh adapter's FedSGD gradient (lora_A's gradient is exactly zero; lora_B's rows
+hold the inputs only in r dimensions, where no linear fit beats the span test), and full fine-tuning, where the span
+test already covers n < d and no linear fit identifies more (R3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from gleak.attacks.base import NO_INPUTS, Attack, RunInputs, TokenOutput
+from gleak.attacks.context import Context
+from gleak.attacks.options import AttackOptions
+from gleak.attacks.registry import register
+from gleak.attacks.requirements import Requirements
+from gleak.attacks.tokens.adapters import LoraFactors, lora_factors
+from gleak.attacks.tokens.inputs import MAX_POSITIONS, first_tokenwise, module_inputs, position_offset
+from gleak.attacks.tokens.lora import global_adapter
+from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, Dictionary, cliff, leave_one_out, ormp_somp
+from gleak.attacks.tokens.view import is_lora_only
+from gleak.errors import GleakError
+
+PAPERS = ("joint-sparse recovery (simultaneous OMP: Tropp, Gilbert & Strauss, Signal Processing 2006; uniqueness: "
+          "Davies & Eldar, IEEE TIT 2012) over the first-block inputs, as SOMP (Li & Li, arXiv 2603.16761, 2026) "
+          "builds on")
+CACHE_BYTES = 512 * 2**20  # a dictionary up to this size (float32) is computed once and kept
+MAX_WORK = 3e12  # multiply-adds the fit may spend (about 10 minutes on 2 cores); beyond it the attack refuses
+RANK_TOL = 1e-5  # singular values below this share of the largest are float32 rounding, not inputs
+CLEAN_CLIFF = 1e-3  # a cliff deeper than this ratio is at the numerical floor: the linear model holds exactly
+MIN_SNR = 100.0  # a lora_A update must stand this far above the weights' rounding noise to be read
+
+
+class SparseTokensOptions(AttackOptions):
+    max_atoms: int | None = Field(None, ge=1, description="the most inputs the fit selects (default: d − 1); it "
+                                  "stops two steps after the residual's cliff")
+    cliff: float = Field(CLIFF, gt=0, lt=1, description="the residual ratio one selection must reach to mark the "
+                         "end of the support (the cliff)")
+
+
+@register
+class SparseTokens(Attack):
+    """The bag of input tokens from a trained LoRA adapter's lora_A gradient or update beyond its rank: ORMP-SOMP
+    over the vocabulary's first-block inputs (module docstring; METHODS-sparse §3). Scores: log10 of each token's
+    explained energy over the residual floor. Counts: the positions a token was found at (1 for position-free
+    inputs)."""
+
+    task = "tokens"
+    requires = Requirements(needs_text=True, gradient_view=False, needs_batch_size=False)
+    name = "sparse-tokens"
+    paper = PAPERS
+    summary = "bag of input tokens beyond a LoRA adapter's rank (joint-sparse fit over the vocabulary's inputs)"
+    Options = SparseTokensOptions
+    options: SparseTokensOptions
+
+    def not_applicable(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> str | None:
+        reason = super().not_applicable(ctx, inputs)
+        if reason:
+            return reason
+        if not is_lora_only(ctx.capture.tensors):
+            return ("not a LoRA update (full fine-tuning: the span tests cover n < d inputs, and no linear fit "
+                    "identifies more)")
+        if ctx.model is None:
+            return "needs the base model (--model DIR)"
+        return None
+
+    def memory_bytes(self, ctx: Context) -> int:
+        spec = ctx.text_model
+        if spec is None:
+            return 0
+        atoms = spec.vocab_size * (spec.max_length or 1)
+        held = min(4 * atoms * spec.hidden_size, CACHE_BYTES)
+        return held + 8 * atoms * 4 + 8 * CHUNK_ATOMS * spec.hidden_size * 2
+
+    def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> TokenOutput:
+        spec, model = ctx.text_model, ctx.model
+        if spec is None or model is None:  # pragma: no cover - not_applicable guards both
+            raise GleakError("needs a language model's capture and its base model")
+        factors = lora_factors(ctx.capture.tensors, model)
+        group = first_tokenwise(model, [(f.module, f.layer) for f in factors], spec.vocab_size)
+        if group is None:
+            raise GleakError("no adapted module reads token-wise inputs (LoRA on the first block's q/k/v or c_attn)")
+        kind, paths = group
+        members = [f for f in factors if f.module in paths]
+        warnings: list[str] = []
+        if ctx.capture.kind == "update":
+            members = _above_storage_floor(members, global_adapter(ctx.capture.path), warnings)
+        y = _measurement(members)
+        d, vocab = y.shape[0], spec.vocab_size
+        sv = torch.linalg.svdvals(y)
+        rank = int((sv > RANK_TOL * sv[0]).sum())
+        positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS) if kind.positional else 1
+        steps = min(self.options.max_atoms or d - 1, d - 1)
+        size = vocab * positions
+        work = float(size) * d * (steps + 2) * 2
+        if work > MAX_WORK:
+            raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on this machine ({size:,} candidate "
+                             f"inputs of {d} dimensions, up to {steps} selections); pass --option "
+                             "sparse-tokens.max_atoms=N with fewer, or record the batch's max length")
+        dictionary = _dictionary(model, members[0].layer, vocab, positions, d)
+        fit = ormp_somp(y, dictionary, max_atoms=steps)
+        edge = cliff(fit.ratios, self.options.cliff)
+        bound = (d + rank) / 2
+        where = f"{_lora(members)}: rank {rank}, d = {d}"
+        if edge is None:
+            raise GleakError(f"no cliff in the residual within {len(fit.order)} selections ({where}): the batch has "
+                             f"more distinct inputs than a sparse fit identifies (about (d + rank)/2 = {bound:.0f}), "
+                             "or the update is not linear in them (Adam, trained embeddings)"
+                             + "".join(f"; {w}" for w in warnings))
+        support = fit.order[:edge]
+        atoms = torch.stack([dictionary.chunk(a, 1)[0].double() for a in support])
+        own = leave_one_out(y, atoms)
+        residual_share = max(math.prod(fit.ratios[:edge]) ** 2, 1e-300)
+        confidence = own / (own + residual_share)
+        ids = torch.tensor([a % vocab for a in support], dtype=torch.long)
+        token_ids, inverse = torch.unique(ids, return_inverse=True)
+        counts = torch.zeros(len(token_ids), dtype=torch.long).index_add_(0, inverse, torch.ones_like(inverse))
+        best = torch.zeros(len(token_ids), dtype=torch.float64).scatter_reduce_(0, inverse, confidence, "amax")
+        scores = _token_scores(fit.rest, support, own, residual_share, vocab, positions)
+        trusted = edge < bound and fit.ratios[edge - 1] < CLEAN_CLIFF
+        if edge >= bound:
+            warnings.append(f"{edge} inputs found, at or beyond what a sparse fit identifies ((d + rank)/2 = "
+                            f"{bound:.0f}): some of these tokens may be wrong")
+        elif fit.ratios[edge - 1] >= CLEAN_CLIFF:
+            warnings.append(f"the residual's cliff is shallow (ratio {fit.ratios[edge - 1]:.2g}, exact data gives "
+                            "< 1e-3): the update is only close to linear in the inputs (several local steps moving "
+                            "B, Adam, or trained embeddings), so the bag is approximate")
+        return TokenOutput(
+            token_ids=token_ids, counts=counts, scores=scores, confidence=best, warnings=warnings,
+            diagnostics={"method": "ormp-somp", "case": "lora_A rows", "modules": [f.module for f in members],
+                         "positions": positions, "rank": rank, "width": d, "inputs": edge,
+                         "identifiable_below": bound, "trusted": trusted, "cliff_ratio": fit.ratios[edge - 1],
+                         "residual_share": residual_share})
+
+
+def _measurement(members: list[LoraFactors]) -> torch.Tensor:
+    """Y = [∇A_1ᵀ … ∇A_mᵀ] [d, Σr] of the modules that read the same first-block input (float64), or one line
+    when lora_A holds nothing (a fresh adapter's gradient)."""
+    a_scale = max(float(f.a.double().abs().max()) for f in members)
+    b_scale = max(float(f.b.double().abs().max()) for f in members) or 1.0
+    if a_scale <= 1e-9 * b_scale:
+        raise GleakError(f"lora_A's gradient is zero ({_lora(members)} fresh: lora_B starts at 0); lora_B's rows "
+                         f"hold the inputs only in r = {members[0].rank} dimensions, where no sparse fit gets past "
+                         "the span test (lora-tokens reads fewer than r inputs there); a FedAvg update of two or more "
+                         "local steps moves lora_A and is read")
+    return torch.cat([f.a.double().T for f in members], 1)
+
+
+def _above_storage_floor(members: list[LoraFactors], stored: Mapping[str, torch.Tensor] | None,
+                         warnings: list[str]) -> list[LoraFactors]:
+    """The modules whose lora_A update stands clear of the rounding of the weights it was taken from (an update is
+    θ_local − θ_global in the weights' dtype: each entry carries up to half an ulp of the global A; METHODS-sparse
+    §5). Needs the global adapter beside the capture; without it every module is kept. One line when none is
+    left: a fresh adapter's ΔA after a few small steps can sit entirely at that floor."""
+    if stored is None:
+        return members
+    kept, worst = [], math.inf
+    for f in members:
+        a0 = stored.get(f.a_name)
+        if a0 is None or a0.shape != f.a.shape or not a0.is_floating_point():
+            return members
+        noise = torch.finfo(a0.dtype).eps / 2 * float(a0.double().square().mean().sqrt()) * math.sqrt(a0.numel())
+        snr = float(f.a.double().norm()) / max(noise, 1e-300)
+        worst = min(worst, snr)
+        if snr >= MIN_SNR:
+            kept.append(f)
+    if not kept:
+        raise GleakError(f"lora_A's update is at the {stored[members[0].a_name].dtype} rounding floor of the global "
+                         f"adapter's A (signal {worst:.3g}× the rounding noise, below {MIN_SNR:g}×): the local steps "
+                         "moved it too little to hold a measurable trace of the inputs")
+    if len(kept) < len(members):
+        warnings.append(f"{len(members) - len(kept)} of {len(members)} adapted modules' lora_A updates are at the "
+                        "weights' rounding floor and were left out")
+    return kept
+
+
+def _dictionary(model: nn.Module, layer: nn.Module, vocab: int, positions: int, d: int) -> Dictionary:
+    """Every candidate first-block input, unit length: atom p·V + v is token v at position p. Computed once and kept
+    when it fits :data:`CACHE_BYTES`, else recomputed a chunk at a time on each pass (bounded memory at V = 128k)."""
+    offset = position_offset(model, layer, vocab) if positions > 1 else 0
+    size = vocab * positions
+
+    def compute(first: int, count: int) -> torch.Tensor:
+        index = torch.arange(first, first + count)
+        ids, where = (index % vocab).unsqueeze(1), (index // vocab + offset).unsqueeze(1)
+        rows = module_inputs(model, layer, ids, where if positions > 1 else None)[:, 0].float()
+        if rows.shape[1] != d:
+            raise GleakError(f"the adapted module reads {rows.shape[1]} dimensions, lora_A has {d}")
+        unit: torch.Tensor = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        return unit
+
+    if 4 * size * d <= CACHE_BYTES:
+        held = torch.cat([compute(a, min(CHUNK_ATOMS, size - a)) for a in range(0, size, CHUNK_ATOMS)])
+        return Dictionary(size=size, dim=d, chunk=_slicer(held), chunk_atoms=CHUNK_ATOMS)
+    return Dictionary(size=size, dim=d, chunk=compute, chunk_atoms=CHUNK_ATOMS)
+
+
+def _slicer(held: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
+    return lambda first, count: held[first:first + count]
+
+
+def _token_scores(rest: torch.Tensor | None, support: list[int], own: torch.Tensor, floor: float, vocab: int,
+                  positions: int) -> torch.Tensor:
+    """Per vocabulary token [V]: log10 of its explained energy over the residual floor, the best over positions
+    (a selected input's own share; any other input's share it would still explain after the fit)."""
+    energy = rest.clone() if rest is not None else torch.zeros(vocab * positions, dtype=torch.float64)
+    energy[torch.tensor(support, dtype=torch.long)] = own
+    scores: torch.Tensor = torch.log10(energy.clamp_min(1e-300) / floor).reshape(positions, vocab).amax(0)
+    return scores
+
+
+def _lora(members: list[LoraFactors]) -> str:
+    where = f"{len(members)} modules" if len(members) > 1 else members[0].module
+    return f"LoRA r = {members[0].rank} on {where}"
