@@ -222,3 +222,39 @@ def test_a_lora_capture_past_its_rank_is_never_a_pass(tmp_path: Path) -> None:
     assert "expected_tokens" not in report["captures"][0]
     skipped = {n["code"]: n["message"] for n in report["notices"]}
     assert "twin batches would measure nothing" in skipped.get("TEXT_EXPECTED_SKIPPED", ""), skipped
+
+
+def test_a_lora_update_past_its_rank_is_assessed_by_the_sparse_fit(tmp_path: Path) -> None:
+    """Issue 45: LoRA r = 4 on q, k, v of the shipped LLaMA-style model, a FedAvg update whose batch has more distinct
+    input tokens than the rank. The span test refuses; sparse-tokens reads the bag, so the tokens are assessed —
+    against the truth beside the capture, and without it from twin batches of --aux text — instead of INCONCLUSIVE
+    for the tokens."""
+    pytest.importorskip("peft")
+    model, notes = ROOT / "samples" / "text" / "notes-llama", ROOT / "samples" / "text" / "notes.txt"
+    capture = tmp_path / "caps" / "c.safetensors"
+    code, _, err = gleak("simulate", "--model", model, "--data", notes, "-b", 1, "-m", 3, "--lr", 1, "--max-length",
+                         24, "--seed", 1, "--peft", "lora:r=4,target=q_proj+k_proj+v_proj", "-o", capture)
+    assert code == 0, err
+    code, _, err = gleak("audit", capture, "--model", model, "--format", "json", "-o", tmp_path / "a",
+                         "--fail-on", "none")
+    assert code == 0, err
+    report = json.loads((tmp_path / "a" / "report.json").read_text())["captures"][0]
+    by = {t["attack"]: t for t in report["tokens"]}
+    assert by["lora-tokens"]["status"] == "failed" and "rank 4 of at most 4" in by["lora-tokens"]["reason"]
+    sparse = by["sparse-tokens"]
+    assert sparse["status"] == "ok" and sparse["scores"]["recall"] > sparse["scores"]["chance_recall"] + 0.5, sparse
+    assert all(0.0 <= t["confidence"] <= 1.0 for t in sparse["tokens"])
+    tokens = next(c for c in report["coverage"] if c["threat"] == "tokens")
+    assert tokens["status"] == "assessed" and tokens["by"].startswith("sparse-tokens"), tokens
+    blind = tmp_path / "blind"
+    blind.mkdir()
+    shutil.copy(capture, blind / "c.safetensors")
+    shutil.copytree(capture.with_name("c.adapter"), blind / "c.adapter")
+    code, _, err = gleak("audit", blind / "c.safetensors", "--model", model, "--aux", notes, "--format", "json",
+                         "-o", tmp_path / "b", "--fail-on", "none")
+    assert code == 0, err
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    expected = report["captures"][0]["expected_tokens"]
+    assert expected["attack"] == "sparse-tokens" and expected["recall"]["mean"] > expected["chance_recall"]["mean"] \
+        + 0.5, expected
+    assert "GLEAK-TEXT-TOKENS-EXPECTED" in {f["rule"] for f in report["findings"]}

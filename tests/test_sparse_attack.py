@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from gleak.attacks.base import AttackResult
-from gleak.attacks.tokens import beyond
+from gleak.attacks.tokens import atoms
 from gleak.metrics.tokens import truth_bags
 
 from .test_lora_tokens import VOCAB, adapt, attack, lora_gradient, lora_update, scores
@@ -59,6 +59,33 @@ def test_learned_positions_are_atoms_of_their_own_on_gpt2() -> None:
     assert result.output.diagnostics["inputs"] >= len(truth_bags(ids, mask)["inputs"])
 
 
+def test_gpt2s_structured_dictionary_is_the_models_own_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LN(E[v] + P[t]) with β's direction removed points along a_v + b_t: the structured atoms equal the inputs the
+    model computes (projected the same way), and the attack gives the same bag through either."""
+    from gleak.attacks.tokens.inputs import module_inputs
+
+    base = gpt2(d=64, vocab=VOCAB)
+    layer = base.transformer.h[0].attn.c_attn
+    dictionary = atoms.first_block_dictionary(base, layer, VOCAB, 8, 64)
+    assert isinstance(dictionary, atoms.PositionalDictionary)
+    ids, where = torch.tensor([[3], [77], [499]]), torch.tensor([[0], [5], [7]])
+    seen = dictionary.prepare(module_inputs(base, layer, ids, where)[:, 0].double().T).T
+    want = seen / seen.norm(dim=1, keepdim=True)
+    got = torch.stack([dictionary.atom(int(p) * VOCAB + int(v)) for v, p in zip(ids[:, 0], where[:, 0], strict=True)])
+    assert torch.allclose(got, want, atol=1e-6)
+    # inner products through the structure equal the atoms' own
+    m = torch.randn(64, 3, dtype=torch.float64)
+    first, inner = next(iter(dictionary.products(m)))
+    assert first == 0 and torch.allclose(inner[:50], dictionary.chunk(0, 50) @ m, atol=1e-9)
+    batch, mask = token_batch(3, VOCAB, (6, 8), seed=2)
+    grads = lora_gradient(adapt(base, r=4, trained=True), batch, mask)
+    structured = sparse(base, grads, batch)
+    monkeypatch.setattr(atoms, "_positional", lambda *_: None)
+    computed = sparse(base, grads, batch)
+    assert structured.output is not None and computed.output is not None
+    assert set(structured.output.bag()) == set(computed.output.bag()) == set(truth_bags(batch, mask)["inputs"])
+
+
 def test_a_fedavg_update_reads_the_union_of_its_steps() -> None:
     base = llama(d=128, vocab=VOCAB)
     ids, mask = token_batch(6, VOCAB, (8, 12), seed=3)
@@ -72,8 +99,8 @@ def test_a_streamed_dictionary_gives_the_same_answer(monkeypatch: pytest.MonkeyP
     ids, mask = token_batch(3, VOCAB, (6, 9), seed=4)
     grads = lora_gradient(adapt(base, r=4, trained=True), ids, mask)
     held = sparse(base, grads, ids)
-    monkeypatch.setattr(beyond, "CACHE_BYTES", 0)
-    monkeypatch.setattr(beyond, "CHUNK_ATOMS", 64)
+    monkeypatch.setattr(atoms, "CACHE_BYTES", 0)
+    monkeypatch.setattr(atoms, "CHUNK_ATOMS", 64)
     streamed = sparse(base, grads, ids)
     assert held.output is not None and streamed.output is not None
     assert held.output.bag() == streamed.output.bag() and len(held.output.bag()) > 12

@@ -113,3 +113,16 @@ def test_a_lora_gradient_beyond_its_rank_gives_the_batchs_tokens_on_the_shipped_
     assert y.shape[1] == 8 and len(truth) == 20
     fit = ormp_somp(y, Dictionary.of(atoms[:, 0]), max_atoms=63)
     assert fit.size == 20 and set(fit.support) == truth and min(fit.ratios) < 1e-4
+
+
+def test_a_cliff_counts_only_when_noise_follows_it() -> None:
+    from gleak.attacks.tokens.sparse import SparseFit, confirmed_cliff
+
+    def fit(ratios: list[float], residual: float = 1e-6) -> SparseFit:
+        return SparseFit(order=list(range(len(ratios))), ratios=ratios, scores=[1.0] * len(ratios), size=None,
+                         residual=residual)
+
+    assert confirmed_cliff(fit([0.9, 0.8, 1e-6, 0.95, 0.97])) == 3
+    assert confirmed_cliff(fit([0.9] * 10 + [1e-3])) is None  # the dimension ran out at the last step
+    assert confirmed_cliff(fit([0.9, 1e-5, 0.3, 0.2])) is None  # further drops: not the end of a support
+    assert confirmed_cliff(fit([0.9, 0.0], residual=0.0)) == 2  # spent exactly

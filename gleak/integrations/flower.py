@@ -754,10 +754,10 @@ class GleakAuditStrategy(Strategy):
     :class:`GleakCaptureMod`. The wrapped strategy sees the replies unchanged.
 
     ``lora`` instead of ``model``: the clients fine-tune a LoRA adapter on a language model (:class:`LoraApp`,
-    FlowerTune). Each reply is then the client's adapter: gleak's token attacks (``lora-tokens`` reads the bag of
-    input tokens from the first block's adapters) run on its update against the base model, loaded once here, with
-    the round's global adapter; each JSON line holds the token ids and counts each attack recovered (never decoded
-    text), or why it did not run."""
+    FlowerTune). Each reply is then the client's adapter: gleak's token attacks (``lora-tokens`` and, beyond the
+    rank, ``sparse-tokens`` read the bag of input tokens from the first block's adapters) run on its update against
+    the base model, loaded once here, with the round's global adapter; each JSON line holds the token ids and counts
+    each attack recovered (never decoded text), or why it did not run."""
 
     def __init__(self, strategy: Strategy, *, model: nn.Module | str | None = None, log_path: str | Path,
                  arch_kwargs: Mapping[str, Any] | None = None, aux: Any = None, capture_dir: str | Path | None = None,
@@ -939,11 +939,12 @@ class GleakAuditStrategy(Strategy):
         recovered = [line for line in lines if any(a["status"] == "ok" and a["token_ids"]
                                                    for a in line.get("attacks", []) if a["attack"] != "union")]
         tokens = sorted(len(a["token_ids"]) for line in recovered for a in line["attacks"] if a["attack"] == "union")
-        reasons = sorted({a["reason"] for line in lines for a in line.get("attacks", [])
-                          if a["attack"] == "lora-tokens" and a["status"] != "ok" and a["reason"]})
+        # why the adapter's tokens were not read, on replies where neither the span test nor the sparse fit was
+        reasons = sorted({a["reason"] for line in lines if line not in recovered for a in line.get("attacks", [])
+                          if a["attack"] in ("lora-tokens", "sparse-tokens") and a["status"] != "ok" and a["reason"]})
         log.info("gleak: round %s: %d replies audited; input tokens recovered from %d%s%s; details in %s", server_round,
                  len(lines), len(recovered), f" (median {tokens[len(tokens) // 2]} distinct tokens)" if tokens else "",
-                 f"; lora-tokens did not run on the others: {shorten(reasons[0], 160)}" if reasons else "",
+                 f"; not read from the others: {shorten(reasons[0], 160)}" if reasons else "",
                  self.log_path)
 
 

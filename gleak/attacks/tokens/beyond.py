@@ -20,11 +20,10 @@ test already covers n < d and no linear fit identifies more (R3).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from pydantic import Field
-from torch import nn
 
 from gleak.attacks.base import NO_INPUTS, Attack, RunInputs, TokenOutput
 from gleak.attacks.context import Context
@@ -32,19 +31,20 @@ from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
 from gleak.attacks.tokens.adapters import LoraFactors, lora_factors
-from gleak.attacks.tokens.inputs import MAX_POSITIONS, first_tokenwise, module_inputs, position_offset
+from gleak.attacks.tokens.atoms import CACHE_BYTES, PositionalDictionary, first_block_dictionary
+from gleak.attacks.tokens.inputs import MAX_POSITIONS, first_tokenwise
 from gleak.attacks.tokens.lora import global_adapter
-from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, Dictionary, cliff, leave_one_out, ormp_somp
+from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, confirmed_cliff, leave_one_out, ormp_somp
 from gleak.attacks.tokens.view import is_lora_only
 from gleak.errors import GleakError
 
 PAPERS = ("joint-sparse recovery (simultaneous OMP: Tropp, Gilbert & Strauss, Signal Processing 2006; uniqueness: "
           "Davies & Eldar, IEEE TIT 2012) over the first-block inputs, as SOMP (Li & Li, arXiv 2603.16761, 2026) "
           "builds on")
-CACHE_BYTES = 512 * 2**20  # a dictionary up to this size (float32) is computed once and kept
 MAX_WORK = 3e12  # multiply-adds the fit may spend (about 10 minutes on 2 cores); beyond it the attack refuses
+MAX_FIT_BYTES = 2 * 2**30  # the fit's per-atom state (correlations with the residual) at most
 RANK_TOL = 1e-5  # singular values below this share of the largest are float32 rounding, not inputs
-CLEAN_CLIFF = 1e-3  # a cliff deeper than this ratio is at the numerical floor: the linear model holds exactly
+SHALLOW_CLIFF = 1e-2  # a cliff ratio above this: the measurement is only near the linear model (say so)
 MIN_SNR = 100.0  # a lora_A update must stand this far above the weights' rounding noise to be read
 
 
@@ -87,7 +87,7 @@ class SparseTokens(Attack):
             return 0
         atoms = spec.vocab_size * (spec.max_length or 1)
         held = min(4 * atoms * spec.hidden_size, CACHE_BYTES)
-        return held + 8 * atoms * 4 + 8 * CHUNK_ATOMS * spec.hidden_size * 2
+        return held + min(8 * atoms * 52, MAX_FIT_BYTES) + 8 * CHUNK_ATOMS * spec.hidden_size * 2
 
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> TokenOutput:
         spec, model = ctx.text_model, ctx.model
@@ -109,44 +109,68 @@ class SparseTokens(Attack):
         positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS) if kind.positional else 1
         steps = min(self.options.max_atoms or d - 1, d - 1)
         size = vocab * positions
-        work = float(size) * d * (steps + 2) * 2
+        held = 8.0 * size * (min(rank, d) + 4)  # the fit's correlations, energies and scores, float64
+        if held > MAX_FIT_BYTES:
+            raise GleakError(f"the fit would hold {held / 2**30:.1f} GiB ({size:,} candidate inputs × {rank} "
+                             f"columns; at most {MAX_FIT_BYTES / 2**30:.0f} GiB): record the batch's max length "
+                             "(fewer positions), or adapt fewer first-block modules")
+        pairs = first_block_dictionary(model, members[0].layer, vocab, positions, d)
+        split = isinstance(pairs, PositionalDictionary)
+        # learned positions before a LayerNorm: tokens and positions as atoms of their own (V + T, exact)
+        dictionary = pairs.split() if isinstance(pairs, PositionalDictionary) else pairs
+        work = dictionary.pass_cost() * (steps + 2) * 2
         if work > MAX_WORK:
-            raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on this machine ({size:,} candidate "
+            raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on 2 cores ({size:,} candidate "
                              f"inputs of {d} dimensions, up to {steps} selections); pass --option "
                              "sparse-tokens.max_atoms=N with fewer, or record the batch's max length")
-        dictionary = _dictionary(model, members[0].layer, vocab, positions, d)
         fit = ormp_somp(y, dictionary, max_atoms=steps)
-        edge = cliff(fit.ratios, self.options.cliff)
+        edge = confirmed_cliff(fit, self.options.cliff)
         bound = (d + rank) / 2
         where = f"{_lora(members)}: rank {rank}, d = {d}"
+        if edge is None and steps < d - 1 and len(fit.order) >= steps:
+            raise GleakError(f"no cliff in the residual within the {steps} selections max_atoms allows ({where})")
         if edge is None:
             raise GleakError(f"no cliff in the residual within {len(fit.order)} selections ({where}): the batch has "
                              f"more distinct inputs than a sparse fit identifies (about (d + rank)/2 = {bound:.0f}), "
                              "or the update is not linear in them (Adam, trained embeddings)"
                              + "".join(f"; {w}" for w in warnings))
         support = fit.order[:edge]
-        atoms = torch.stack([dictionary.chunk(a, 1)[0].double() for a in support])
-        own = leave_one_out(y, atoms)
+        atoms = torch.stack([dictionary.atom(a) for a in support])
+        own = leave_one_out(dictionary.prepare(y), atoms)
         residual_share = max(math.prod(fit.ratios[:edge]) ** 2, 1e-300)
         confidence = own / (own + residual_share)
-        ids = torch.tensor([a % vocab for a in support], dtype=torch.long)
+        # an atom whose own share is below the residual floor explains nothing the others do not: the greedy fit
+        # picked it on the way (near the bound) and its coefficient is ~0; it is dropped, not reported
+        kept = confidence >= 0.5
+        pruned = int((~kept).sum())
+        support = [a for a, k in zip(support, kept.tolist(), strict=True) if k]
+        own, confidence = own[kept], confidence[kept]
+        found = len(support)
+        places = sorted(a - vocab for a in support if a >= vocab) if split else []
+        token_atoms = [i for i, a in enumerate(support) if not split or a < vocab]
+        ids = torch.tensor([support[i] % vocab for i in token_atoms], dtype=torch.long)
+        confidence = confidence[token_atoms]
         token_ids, inverse = torch.unique(ids, return_inverse=True)
         counts = torch.zeros(len(token_ids), dtype=torch.long).index_add_(0, inverse, torch.ones_like(inverse))
         best = torch.zeros(len(token_ids), dtype=torch.float64).scatter_reduce_(0, inverse, confidence, "amax")
-        scores = _token_scores(fit.rest, support, own, residual_share, vocab, positions)
-        trusted = edge < bound and fit.ratios[edge - 1] < CLEAN_CLIFF
-        if edge >= bound:
-            warnings.append(f"{edge} inputs found, at or beyond what a sparse fit identifies ((d + rank)/2 = "
+        scores = _token_scores(fit.rest, support, own, residual_share, vocab, 1 if split else positions)
+        depth = fit.ratios[edge - 1]
+        trusted = found < bound
+        if not trusted:
+            warnings.append(f"{found} inputs found, at or beyond what a sparse fit identifies ((d + rank)/2 = "
                             f"{bound:.0f}): some of these tokens may be wrong")
-        elif fit.ratios[edge - 1] >= CLEAN_CLIFF:
-            warnings.append(f"the residual's cliff is shallow (ratio {fit.ratios[edge - 1]:.2g}, exact data gives "
-                            "< 1e-3): the update is only close to linear in the inputs (several local steps moving "
-                            "B, Adam, or trained embeddings), so the bag is approximate")
+        if depth >= SHALLOW_CLIFF:
+            warnings.append(f"the residual's cliff is shallow (ratio {depth:.2g}; exact float32 data gives about "
+                            "1e-5): the update is only close to linear in the inputs (rounding of θ_local − "
+                            "θ_global, Adam, trained embeddings, dropout), so the bag is approximate")
         return TokenOutput(
             token_ids=token_ids, counts=counts, scores=scores, confidence=best, warnings=warnings,
             diagnostics={"method": "ormp-somp", "case": "lora_A rows", "modules": [f.module for f in members],
-                         "positions": positions, "rank": rank, "width": d, "inputs": edge,
-                         "identifiable_below": bound, "trusted": trusted, "cliff_ratio": fit.ratios[edge - 1],
+                         "positions": positions, "rank": rank, "width": d, "inputs": found, "pruned": pruned,
+                         "atoms": "tokens and positions apart" if split else
+                         ("(token, position) pairs" if positions > 1 else "tokens"),
+                         **({"positions_found": len(places)} if split else {}),
+                         "identifiable_below": bound, "trusted": trusted, "cliff_ratio": depth,
                          "residual_share": residual_share})
 
 
@@ -191,37 +215,13 @@ def _above_storage_floor(members: list[LoraFactors], stored: Mapping[str, torch.
     return kept
 
 
-def _dictionary(model: nn.Module, layer: nn.Module, vocab: int, positions: int, d: int) -> Dictionary:
-    """Every candidate first-block input, unit length: atom p·V + v is token v at position p. Computed once and kept
-    when it fits :data:`CACHE_BYTES`, else recomputed a chunk at a time on each pass (bounded memory at V = 128k)."""
-    offset = position_offset(model, layer, vocab) if positions > 1 else 0
-    size = vocab * positions
-
-    def compute(first: int, count: int) -> torch.Tensor:
-        index = torch.arange(first, first + count)
-        ids, where = (index % vocab).unsqueeze(1), (index // vocab + offset).unsqueeze(1)
-        rows = module_inputs(model, layer, ids, where if positions > 1 else None)[:, 0].float()
-        if rows.shape[1] != d:
-            raise GleakError(f"the adapted module reads {rows.shape[1]} dimensions, lora_A has {d}")
-        unit: torch.Tensor = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        return unit
-
-    if 4 * size * d <= CACHE_BYTES:
-        held = torch.cat([compute(a, min(CHUNK_ATOMS, size - a)) for a in range(0, size, CHUNK_ATOMS)])
-        return Dictionary(size=size, dim=d, chunk=_slicer(held), chunk_atoms=CHUNK_ATOMS)
-    return Dictionary(size=size, dim=d, chunk=compute, chunk_atoms=CHUNK_ATOMS)
-
-
-def _slicer(held: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
-    return lambda first, count: held[first:first + count]
-
-
 def _token_scores(rest: torch.Tensor | None, support: list[int], own: torch.Tensor, floor: float, vocab: int,
                   positions: int) -> torch.Tensor:
     """Per vocabulary token [V]: log10 of its explained energy over the residual floor, the best over positions
     (a selected input's own share; any other input's share it would still explain after the fit)."""
     energy = rest.clone() if rest is not None else torch.zeros(vocab * positions, dtype=torch.float64)
     energy[torch.tensor(support, dtype=torch.long)] = own
+    energy = energy[:vocab * positions]  # a split dictionary's position atoms follow the tokens
     scores: torch.Tensor = torch.log10(energy.clamp_min(1e-300) / floor).reshape(positions, vocab).amax(0)
     return scores
 

@@ -30,22 +30,41 @@ SPENT = 1e-8  # an atom whose energy outside the selected span falls below this 
 CLIFF = 0.1  # a residual that falls by more than this ratio in one step ends the support (METHODS-sparse §3.8)
 
 
-@dataclass(frozen=True)
 class Dictionary:
     """A dictionary of ``size`` unit atoms in ℝ^``dim``, produced a chunk at a time by ``chunk(first, count)``
     (float32 or float64 rows [count, dim], unit norm): the model's first-block inputs are recomputed per pass
-    rather than held, which bounds memory at V = 128k."""
+    rather than held, which bounds memory at V = 128k. A dictionary with structure overrides :meth:`products`
+    (every atom's inner products with a few vectors) to skip building the atoms, and :meth:`prepare` (a left
+    linear map both the atoms and the measurement go through: any such map keeps Y = U_S C)."""
 
-    size: int
-    dim: int
-    chunk: Callable[[int, int], torch.Tensor]
-    chunk_atoms: int = CHUNK_ATOMS
+    def __init__(self, size: int, dim: int, chunk: Callable[[int, int], torch.Tensor],
+                 chunk_atoms: int = CHUNK_ATOMS, transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+                 ) -> None:
+        self.size, self.dim, self.chunk, self.chunk_atoms = size, dim, chunk, chunk_atoms
+        self.transform = transform
 
     def chunks(self, label: str = "atoms") -> Iterator[tuple[int, torch.Tensor]]:
         """(first index, float64 atoms [count, dim]) over the whole dictionary."""
         for first in range(0, self.size, self.chunk_atoms):
             checkpoint(f"{label} {first}/{self.size}")
             yield first, self.chunk(first, min(self.chunk_atoms, self.size - first)).double()
+
+    def products(self, m: torch.Tensor, label: str = "atoms") -> Iterator[tuple[int, torch.Tensor]]:
+        """(first index, float64 [count, k]): the atoms' inner products with the columns of ``m`` [dim, k]."""
+        for first, atoms in self.chunks(label):
+            yield first, atoms @ m
+
+    def atom(self, index: int) -> torch.Tensor:
+        """One atom, float64 [dim]."""
+        return self.chunk(index, 1)[0].double()
+
+    def prepare(self, y: torch.Tensor) -> torch.Tensor:
+        """The measurement as the atoms see it (``transform`` when given, else as it is)."""
+        return self.transform(y) if self.transform is not None else y
+
+    def pass_cost(self) -> float:
+        """Multiply-adds of one pass of :meth:`products` with one vector."""
+        return float(self.size) * self.dim
 
     @staticmethod
     def of(atoms: torch.Tensor, chunk_atoms: int = CHUNK_ATOMS) -> Dictionary:
@@ -84,6 +103,20 @@ def cliff(ratios: list[float], threshold: float = CLIFF) -> int | None:
     return k + 1 if ratios[k] < threshold else None
 
 
+def confirmed_cliff(fit: SparseFit, threshold: float = CLIFF, after: float = 0.5) -> int | None:
+    """The cliff of ``fit`` (:func:`cliff`) when the steps after it show it is the end of the support: the residual
+    was exactly spent there, or the next two ratios are back above ``after`` (only noise left). A drop at the very
+    end of the fit, or one followed by further drops, is the dimension running out (any d atoms span ℝ^d), not a
+    support."""
+    edge = cliff(fit.ratios, threshold)
+    if edge is None:
+        return None
+    if edge == len(fit.ratios) and fit.residual <= 1e-12:
+        return edge
+    later = fit.ratios[edge:edge + 2]
+    return edge if len(later) == 2 and min(later) > after else None
+
+
 def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_cliff: bool = True) -> SparseFit:
     """Order-recursive simultaneous OMP of ``y`` [d, L] over ``dictionary``: at each step the atom a that removes the
     most residual energy, ‖Z_a‖² / p_a (Z = DᵀR its correlations with the residual, p_a its energy outside the span
@@ -92,7 +125,7 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
     d = y.shape[0]
     if dictionary.dim != d:
         raise GleakError(f"the dictionary's atoms have {dictionary.dim} dimensions, the measurement {d}")
-    y = y.double()
+    y = dictionary.prepare(y.double())
     total = float(y.norm())
     if total == 0.0:
         return SparseFit(order=[], ratios=[], scores=[], size=0, residual=0.0)
@@ -102,8 +135,8 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
     keep = s > 1e-12 * s[0]
     resid = u[:, keep] * s[keep]
     z = torch.empty(dictionary.size, resid.shape[1], dtype=torch.float64)
-    for first, atoms in dictionary.chunks("sparse fit: correlations, atoms"):
-        z[first:first + len(atoms)] = atoms @ resid
+    for first, part in dictionary.products(resid, "sparse fit: correlations, atoms"):
+        z[first:first + len(part)] = part
     energy = torch.ones(dictionary.size, dtype=torch.float64)
     chosen = torch.zeros(dictionary.size, dtype=torch.bool)
     basis = torch.empty(d, 0, dtype=torch.float64)
@@ -118,7 +151,7 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
         j = int(torch.argmax(gain))
         if not math.isfinite(float(gain[j])):
             break
-        atom = _atom(dictionary, j)
+        atom = dictionary.atom(j)
         q = atom - basis @ (basis.T @ atom)
         q = q - basis @ (basis.T @ q)  # once more: float64 keeps the basis orthonormal to ~1e-15
         norm = float(q.norm())
@@ -129,11 +162,11 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
         basis = torch.cat([basis, q[:, None]], 1)
         rho = q @ resid
         resid = resid - torch.outer(q, rho)
-        for first, atoms in dictionary.chunks(f"sparse fit: step {step + 1}/{steps}, atoms"):
-            alpha = atoms @ q
-            part = slice(first, first + len(atoms))
-            z[part] -= torch.outer(alpha, rho)
-            energy[part] -= alpha.square()
+        for first, inner in dictionary.products(q[:, None], f"sparse fit: step {step + 1}/{steps}, atoms"):
+            alpha = inner[:, 0]
+            rows = slice(first, first + len(alpha))
+            z[rows] -= torch.outer(alpha, rho)
+            energy[rows] -= alpha.square()
         chosen[j] = True
         order.append(j)
         scores.append(float(gain[j]))
@@ -161,7 +194,3 @@ def leave_one_out(y: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
     total = float(y.square().sum()) or 1.0
     share: torch.Tensor = coef.square().sum(1) / gram_inv.diagonal().clamp_min(1e-300) / total
     return share
-
-
-def _atom(dictionary: Dictionary, index: int) -> torch.Tensor:
-    return dictionary.chunk(index, 1)[0].double()

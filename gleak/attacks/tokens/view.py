@@ -27,7 +27,7 @@ POSITION_OFFSETS = (0, 2)  # OPT's learned positions start at row 2
 
 LORA_REASON = ("this update holds only LoRA adapter tensors (lora_A/lora_B): the token embeddings and the LM head "
                "were frozen, so the bag of tokens, the next-token counts and the positions cannot be read from it "
-               "(lora-tokens reads the adapter instead)")
+               "(lora-tokens and sparse-tokens read the adapter instead)")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -25,6 +25,16 @@ from gleak.runs.audit.findings import SELECTOR, calibrated_attacks, selector_ans
 from gleak.runs.tokens import TRUTH_OF
 
 BROKEN = ("failed", "error")  # an attack that applied but could not finish (failed) or raised (error)
+# attacks that read the same trace by different methods (the span test and the sparse fit of the first block's
+# adapter): one of them measuring it answers for the others' refusals (beyond the rank; a fresh adapter's lora_A)
+ALTERNATIVES = (frozenset({"lora-tokens", "sparse-tokens"}),)
+
+
+def _unanswered(entries: Sequence[TokenResult]) -> list[TokenResult]:
+    """The token attacks that failed or raised, less those an alternative reading of the same trace answered."""
+    ok = {t.attack for t in entries if t.status == "ok"}
+    return [t for t in entries if t.status in BROKEN
+            and not any(t.attack in group and ok & (group - {t.attack}) for group in ALTERNATIVES)]
 
 
 def _why(entries: Sequence[AttackEntry | TokenResult]) -> str:
@@ -45,7 +55,7 @@ def token_coverage(report: CaptureReport, truth: bool, aux: bool, expected_error
     """The tokens of a language model's batch: the best token attack scored against the truth, or the token attacks
     expected from twin batches of ``--aux`` text (``report.expected_tokens``)."""
     attacks = [t for t in report.tokens or [] if t.attack in TRUTH_OF]
-    broken = [t for t in attacks if t.status in BROKEN]
+    broken = _unanswered(attacks)
     best = report.best_tokens()
     if best is not None:
         cover = ThreatCoverage(threat="tokens", status="assessed", by=f"{best.attack} against the truth")
