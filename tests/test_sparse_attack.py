@@ -135,8 +135,33 @@ def test_an_update_at_the_rounding_floor_of_the_global_adapter_is_named(tmp_path
     assert result.status == "failed" and "rounding floor" in (result.reason or ""), result.reason
 
 
-def test_not_a_lora_capture() -> None:
+def test_full_fine_tuning_of_gpt2_past_the_pair_count_gives_the_tokens() -> None:
+    """GPT-2's first block reads LN(E[v] + P[t]): the span tests count every (token, position) pair against d, the
+    split dictionary only the distinct tokens plus the positions. 8 sequences of 14–16 tokens over a vocabulary of
+    40: about 115 pairs at d = 64 (beyond the span tests), at most 37 tokens + 15 positions (within it)."""
+    from .token_models import gradient, spec_of, text_context
+
+    base = gpt2(d=64, vocab=40)
+    ids, mask = token_batch(8, 40, (14, 16), seed=9)
+    pairs = {(t, p) for row, m in zip(ids.tolist(), mask.tolist(), strict=True) for p, t in enumerate(row[:sum(m) - 1])}
+    assert len(pairs) > 64
+    ctx = text_context(gradient(base, ids, mask), spec_of(base, batch_size=8, max_length=int(ids.shape[1])))
+    ctx.model = base
+    from .token_models import run_token_attack
+
+    result = run_token_attack("sparse-tokens", ctx)
+    assert result.status == "ok", result.reason
+    assert result.output is not None and result.output.diagnostics["atoms"] == "tokens and positions apart"
+    assert set(result.output.bag()) == set(truth_bags(ids, mask)["inputs"])
+    assert result.output.diagnostics["positions_found"] == int(mask.sum(1).max()) - 1
+
+
+def test_full_fine_tuning_of_a_rotary_model_is_left_to_the_span_tests() -> None:
+    from .token_models import gradient, run_token_attack, spec_of, text_context
+
     base = llama(d=64, vocab=VOCAB)
-    ids, _ = token_batch(1, VOCAB, (4, 4), seed=8)
-    result = sparse(base, {"model.embed_tokens.weight": torch.zeros(VOCAB, 64)}, ids)
-    assert result.status == "not_applicable" and "not a LoRA update" in (result.reason or "")
+    ids, mask = token_batch(2, VOCAB, (6, 8), seed=8)
+    ctx = text_context(gradient(base, ids, mask), spec_of(base, batch_size=2, max_length=int(ids.shape[1])))
+    ctx.model = base
+    result = run_token_attack("sparse-tokens", ctx)
+    assert result.status == "not_applicable" and "rotary positions" in (result.reason or ""), result.reason

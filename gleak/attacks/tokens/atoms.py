@@ -37,13 +37,21 @@ class PositionalDictionary(Dictionary):
         self.offset = offset.double() / norm if norm > 0 else None
         self.tokens, self.places = self._project(tokens.double()).float(), self._project(positions.double())
         v, d = self.tokens.shape
-        t = self.places.shape[0]
-        self.norms = torch.empty(t, v, dtype=torch.float64)
-        for first in range(0, v, CHUNK_ATOMS):
-            part = self.tokens[first:first + CHUNK_ATOMS].double()
-            self.norms[:, first:first + len(part)] = (part.square().sum(1)[None, :] + 2 * self.places @ part.T
+        self._norms: torch.Tensor | None = None
+        super().__init__(size=v * self.places.shape[0], dim=d, chunk=self._rows)
+
+    @property
+    def norms(self) -> torch.Tensor:
+        """‖a_v + b_t‖ [T, V] float64, computed on first use (the split dictionary never needs it)."""
+        if self._norms is None:
+            v, t = self.tokens.shape[0], self.places.shape[0]
+            norms = torch.empty(t, v, dtype=torch.float64)
+            for first in range(0, v, CHUNK_ATOMS):
+                part = self.tokens[first:first + CHUNK_ATOMS].double()
+                norms[:, first:first + len(part)] = (part.square().sum(1)[None, :] + 2 * self.places @ part.T
                                                      + self.places.square().sum(1)[:, None]).clamp_min(1e-300).sqrt()
-        super().__init__(size=v * t, dim=d, chunk=self._rows)
+            self._norms = norms
+        return self._norms
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.offset is None else x - torch.outer(x @ self.offset, self.offset)

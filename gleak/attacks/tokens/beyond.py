@@ -12,9 +12,13 @@ What it answers, and when to trust it (checked on the capture): the residual mus
 one step (the *cliff*: the support size n̂) and n̂ must stay below (d + rank Y)/2. Each token's confidence is the
 share of its own explained energy (leave-one-out) above the residual floor.
 
+Full fine-tuning of a model with learned positions before a LayerNorm (GPT-2) is read too: its tokens and positions
+are atoms of their own (:meth:`~gleak.attacks.tokens.atoms.PositionalDictionary.split`), so the fit needs
+n_tokens + n_positions below d where the span tests need every (token, position) pair below it.
+
 Not read here (one line each): a fresh adapter's FedSGD gradient (lora_A's gradient is exactly zero; lora_B's rows
-hold the inputs only in r dimensions, where no linear fit beats the span test), and full fine-tuning, where the span
-test already covers n < d and no linear fit identifies more (R3).
+hold the inputs only in r dimensions, where no linear fit beats the span test), and full fine-tuning of a rotary
+model, where the span test already covers n < d and no linear fit identifies more (R3).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Mapping
 
 import torch
 from pydantic import Field
+from torch import nn
 
 from gleak.attacks.base import NO_INPUTS, Attack, RunInputs, TokenOutput
 from gleak.attacks.context import Context
@@ -32,7 +37,7 @@ from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
 from gleak.attacks.tokens.adapters import LoraFactors, lora_factors
 from gleak.attacks.tokens.atoms import CACHE_BYTES, PositionalDictionary, first_block_dictionary
-from gleak.attacks.tokens.inputs import MAX_POSITIONS, first_tokenwise
+from gleak.attacks.tokens.inputs import MAX_POSITIONS, InputKind, first_tokenwise, linear_gradient, weight_gradients
 from gleak.attacks.tokens.lora import global_adapter
 from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, confirmed_cliff, leave_one_out, ormp_somp
 from gleak.attacks.tokens.view import is_lora_only
@@ -66,7 +71,8 @@ class SparseTokens(Attack):
     requires = Requirements(needs_text=True, gradient_view=False, needs_batch_size=False)
     name = "sparse-tokens"
     paper = PAPERS
-    summary = "bag of input tokens beyond a LoRA adapter's rank (joint-sparse fit over the vocabulary's inputs)"
+    summary = ("bag of input tokens beyond a LoRA adapter's rank, or GPT-2's pair count (joint-sparse fit over the "
+               "vocabulary's first-block inputs)")
     Options = SparseTokensOptions
     options: SparseTokensOptions
 
@@ -74,11 +80,12 @@ class SparseTokens(Attack):
         reason = super().not_applicable(ctx, inputs)
         if reason:
             return reason
-        if not is_lora_only(ctx.capture.tensors):
-            return ("not a LoRA update (full fine-tuning: the span tests cover n < d inputs, and no linear fit "
-                    "identifies more)")
         if ctx.model is None:
             return "needs the base model (--model DIR)"
+        if not is_lora_only(ctx.capture.tensors) and ctx.text_model is not None:
+            found = _full_group(ctx.model, ctx.capture.tensors, ctx.text_model.vocab_size)
+            if isinstance(found, str):
+                return found
         return None
 
     def memory_bytes(self, ctx: Context) -> int:
@@ -93,31 +100,43 @@ class SparseTokens(Attack):
         spec, model = ctx.text_model, ctx.model
         if spec is None or model is None:  # pragma: no cover - not_applicable guards both
             raise GleakError("needs a language model's capture and its base model")
-        factors = lora_factors(ctx.capture.tensors, model)
-        group = first_tokenwise(model, [(f.module, f.layer) for f in factors], spec.vocab_size)
-        if group is None:
-            raise GleakError("no adapted module reads token-wise inputs (LoRA on the first block's q/k/v or c_attn)")
-        kind, paths = group
-        members = [f for f in factors if f.module in paths]
         warnings: list[str] = []
-        if ctx.capture.kind == "update":
-            members = _above_storage_floor(members, global_adapter(ctx.capture.path), warnings)
-        y = _measurement(members)
+        if is_lora_only(ctx.capture.tensors):
+            factors = lora_factors(ctx.capture.tensors, model)
+            group = first_tokenwise(model, [(f.module, f.layer) for f in factors], spec.vocab_size)
+            if group is None:
+                raise GleakError("no adapted module reads token-wise inputs (LoRA on the first block's q/k/v or "
+                                 "c_attn)")
+            kind, paths = group
+            members = [f for f in factors if f.module in paths]
+            if ctx.capture.kind == "update":
+                members = _above_storage_floor(members, global_adapter(ctx.capture.path), warnings)
+            y = _measurement(members)
+            layer, case, names, label = members[0].layer, "lora_A rows", [f.module for f in members], _lora(members)
+        else:
+            full = _full_group(model, ctx.capture.tensors, spec.vocab_size)
+            if isinstance(full, str):  # pragma: no cover - not_applicable says the same
+                raise GleakError(full)
+            kind, names, layer, y = full
+            case, label = "weight gradient rows", f"full fine-tuning of {', '.join(names)}"
         d, vocab = y.shape[0], spec.vocab_size
         sv = torch.linalg.svdvals(y)
         rank = int((sv > RANK_TOL * sv[0]).sum())
         positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS) if kind.positional else 1
         steps = min(self.options.max_atoms or d - 1, d - 1)
-        size = vocab * positions
+        pairs = first_block_dictionary(model, layer, vocab, positions, d)
+        split = isinstance(pairs, PositionalDictionary)
+        # learned positions before a LayerNorm: tokens and positions as atoms of their own (V + T, exact)
+        dictionary = pairs.split() if isinstance(pairs, PositionalDictionary) else pairs
+        if case != "lora_A rows" and not split:
+            raise GleakError("full fine-tuning of a model whose learned positions do not enter as a LayerNorm of "
+                             "token plus position: no linear fit identifies more inputs than the span tests read")
+        size = dictionary.size
         held = 8.0 * size * (min(rank, d) + 4)  # the fit's correlations, energies and scores, float64
         if held > MAX_FIT_BYTES:
             raise GleakError(f"the fit would hold {held / 2**30:.1f} GiB ({size:,} candidate inputs × {rank} "
                              f"columns; at most {MAX_FIT_BYTES / 2**30:.0f} GiB): record the batch's max length "
                              "(fewer positions), or adapt fewer first-block modules")
-        pairs = first_block_dictionary(model, members[0].layer, vocab, positions, d)
-        split = isinstance(pairs, PositionalDictionary)
-        # learned positions before a LayerNorm: tokens and positions as atoms of their own (V + T, exact)
-        dictionary = pairs.split() if isinstance(pairs, PositionalDictionary) else pairs
         work = dictionary.pass_cost() * (steps + 2) * 2
         if work > MAX_WORK:
             raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on 2 cores ({size:,} candidate "
@@ -126,7 +145,7 @@ class SparseTokens(Attack):
         fit = ormp_somp(y, dictionary, max_atoms=steps)
         edge = confirmed_cliff(fit, self.options.cliff)
         bound = (d + rank) / 2
-        where = f"{_lora(members)}: rank {rank}, d = {d}"
+        where = f"{label}: rank {rank}, d = {d}"
         if edge is None and steps < d - 1 and len(fit.order) >= steps:
             raise GleakError(f"no cliff in the residual within the {steps} selections max_atoms allows ({where})")
         if edge is None:
@@ -165,13 +184,32 @@ class SparseTokens(Attack):
                             "θ_global, Adam, trained embeddings, dropout), so the bag is approximate")
         return TokenOutput(
             token_ids=token_ids, counts=counts, scores=scores, confidence=best, warnings=warnings,
-            diagnostics={"method": "ormp-somp", "case": "lora_A rows", "modules": [f.module for f in members],
+            diagnostics={"method": "ormp-somp", "case": case, "modules": names,
                          "positions": positions, "rank": rank, "width": d, "inputs": found, "pruned": pruned,
                          "atoms": "tokens and positions apart" if split else
                          ("(token, position) pairs" if positions > 1 else "tokens"),
                          **({"positions_found": len(places)} if split else {}),
                          "identifiable_below": bound, "trusted": trusted, "cliff_ratio": depth,
                          "residual_share": residual_share})
+
+
+def _full_group(model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab: int
+                ) -> tuple[InputKind, list[str], nn.Module, torch.Tensor] | str:
+    """Full fine-tuning: the first block's token-wise projections with a weight gradient, their input kind, and
+    Y = [∇W_1ᵀ …] [d_in, Σ d_out]; or why the sparse fit adds nothing there (one line). Only learned positions
+    added before a LayerNorm (GPT-2) gain: their tokens and positions are atoms of their own, n_tokens + n_positions
+    of them where the span tests count every (token, position) pair."""
+    modules, grads = weight_gradients(model, tensors, linear_gradient)
+    group = first_tokenwise(model, [(p, modules[p]) for p in grads], vocab)
+    if group is None:
+        return ("no first-block projection with a weight gradient reads token-wise inputs (LoRA adapters or the "
+                "first block's q/k/v or c_attn)")
+    kind, paths = group
+    if not kind.positional:
+        return ("full fine-tuning of a model with one first-block input per token (rotary positions): the span "
+                "tests (token-bag, dager) read fewer than d distinct inputs, and no linear fit identifies more")
+    y = torch.cat([grads[p].double().T for p in paths], 1)
+    return kind, paths, modules[paths[0]], y
 
 
 def _measurement(members: list[LoraFactors]) -> torch.Tensor:

@@ -25,9 +25,10 @@ from gleak.runs.audit.findings import SELECTOR, calibrated_attacks, selector_ans
 from gleak.runs.tokens import TRUTH_OF
 
 BROKEN = ("failed", "error")  # an attack that applied but could not finish (failed) or raised (error)
-# attacks that read the same trace by different methods (the span test and the sparse fit of the first block's
-# adapter): one of them measuring it answers for the others' refusals (beyond the rank; a fresh adapter's lora_A)
-ALTERNATIVES = (frozenset({"lora-tokens", "sparse-tokens"}),)
+# attacks that read the same threat, the batch's input tokens, by different methods (the embedding gradient, the
+# span test and the sparse fit of the first block): one of them measuring it answers for the others' refusals
+# (beyond a rank or the identifiable bound; a fresh adapter's lora_A)
+ALTERNATIVES = (frozenset({"token-bag", "lora-tokens", "sparse-tokens"}),)
 
 
 def _unanswered(entries: Sequence[TokenResult]) -> list[TokenResult]:
