@@ -126,3 +126,11 @@ def test_a_cliff_counts_only_when_noise_follows_it() -> None:
     assert confirmed_cliff(fit([0.9] * 10 + [1e-3])) is None  # the dimension ran out at the last step
     assert confirmed_cliff(fit([0.9, 1e-5, 0.3, 0.2])) is None  # further drops: not the end of a support
     assert confirmed_cliff(fit([0.9, 0.0], residual=0.0)) == 2  # spent exactly
+
+
+def test_a_shallow_confirmed_cliff_wins_over_a_deeper_unconfirmed_dip() -> None:
+    from gleak.attacks.tokens.sparse import SparseFit, confirmed_cliff
+
+    ratios = [0.9, 0.005, 0.3, 0.2, 0.9, 0.02, 0.97, 0.96]  # a dip at 2 followed by drops; the end of support at 6
+    fit = SparseFit(order=list(range(8)), ratios=ratios, scores=[1.0] * 8, size=None, residual=1e-3)
+    assert confirmed_cliff(fit) == 6

@@ -28,6 +28,7 @@ from gleak.timebox import checkpoint
 CHUNK_ATOMS = 8192  # dictionary atoms computed and used at a time
 SPENT = 1e-8  # an atom whose energy outside the selected span falls below this share is in that span already
 CLIFF = 0.1  # a residual that falls by more than this ratio in one step ends the support (METHODS-sparse §3.8)
+AFTER_CLIFF = 0.5  # ... when the two steps after it remove less than this ratio each (only noise is left)
 
 
 class Dictionary:
@@ -77,7 +78,8 @@ class Dictionary:
 @dataclass
 class SparseFit:
     """The atoms selected in order, each step's residual ratio ‖R_k‖/‖R_(k−1)‖ and selection score, and the
-    support size the residual's cliff points to (None when there is no cliff: the fit did not reach the floor)."""
+    support size the residual's confirmed cliff points to (:func:`confirmed_cliff`; None without one: the fit did
+    not reach the floor)."""
 
     order: list[int]
     ratios: list[float]
@@ -103,18 +105,23 @@ def cliff(ratios: list[float], threshold: float = CLIFF) -> int | None:
     return k + 1 if ratios[k] < threshold else None
 
 
-def confirmed_cliff(fit: SparseFit, threshold: float = CLIFF, after: float = 0.5) -> int | None:
-    """The cliff of ``fit`` (:func:`cliff`) when the steps after it show it is the end of the support: the residual
-    was exactly spent there, or the next two ratios are back above ``after`` (only noise left). A drop at the very
-    end of the fit, or one followed by further drops, is the dimension running out (any d atoms span ℝ^d), not a
-    support."""
-    edge = cliff(fit.ratios, threshold)
-    if edge is None:
-        return None
-    if edge == len(fit.ratios) and fit.residual <= 1e-12:
-        return edge
-    later = fit.ratios[edge:edge + 2]
-    return edge if len(later) == 2 and min(later) > after else None
+def confirmed_cliff(fit: SparseFit, threshold: float = CLIFF, after: float = AFTER_CLIFF) -> int | None:
+    """The support size: the deepest drop below ``threshold`` that the steps after it confirm as the end of the
+    support — the residual was exactly spent there, or the next two ratios are back above ``after`` (only noise
+    left). A drop at the very end of the fit, or one followed by further drops, is the dimension running out (any
+    d atoms span ℝ^d), not a support."""
+    return _confirmed(fit.ratios, fit.residual, threshold, after)
+
+
+def _confirmed(ratios: list[float], residual: float, threshold: float, after: float) -> int | None:
+    for k in sorted((k for k, r in enumerate(ratios) if r < threshold), key=lambda k: ratios[k]):
+        edge = k + 1
+        if edge == len(ratios) and residual <= 1e-12:
+            return edge
+        later = ratios[edge:edge + 2]
+        if len(later) == 2 and min(later) > after:
+            return edge
+    return None
 
 
 def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_cliff: bool = True) -> SparseFit:
@@ -175,12 +182,12 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
         before = after
         if stop_at_cliff and after <= 1e-12 * total:
             break
-        edge = cliff(ratios) if stop_at_cliff else None
-        if edge is not None and len(ratios) >= edge + 2:
-            break  # two steps past the cliff: the ratios are back near 1
+        if stop_at_cliff and _confirmed(ratios, 1.0, CLIFF, AFTER_CLIFF) is not None:
+            break  # two steps past a cliff, and the ratios are back near 1 (confirmed_cliff)
     rest = (z.square().sum(1) / energy.clamp_min(1e-12)).div_(total ** 2)
     rest[chosen] = 0.0
-    return SparseFit(order=order, ratios=ratios, scores=scores, size=cliff(ratios), residual=before / total,
+    size = _confirmed(ratios, before / total, CLIFF, AFTER_CLIFF)
+    return SparseFit(order=order, ratios=ratios, scores=scores, size=size, residual=before / total,
                      diagnostics={"columns": float(resid.shape[1])}, rest=rest)
 
 
