@@ -86,6 +86,10 @@ class SparseTokens(Attack):
             found = _full_group(ctx.model, ctx.capture.tensors, ctx.text_model.vocab_size)
             if isinstance(found, str):
                 return found
+        elif _fresh(ctx.capture.tensors):
+            return ("a fresh adapter's gradient: lora_A's is zero (lora_B starts at 0), and lora_B's rows hold the "
+                    "inputs only in r dimensions, where the span test (lora-tokens) reads all a linear fit can; a "
+                    "FedAvg update of two or more local steps moves lora_A and is read")
         return None
 
     def memory_bytes(self, ctx: Context) -> int:
@@ -210,6 +214,13 @@ def _full_group(model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab: in
                 "tests (token-bag, dager) read fewer than d distinct inputs, and no linear fit identifies more")
     y = torch.cat([grads[p].double().T for p in paths], 1)
     return kind, paths, modules[paths[0]], y
+
+
+def _fresh(tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Every lora_A tensor is zero next to the lora_B ones: a fresh adapter's FedSGD gradient."""
+    a = [float(t.double().abs().max()) for n, t in tensors.items() if ".lora_A" in n and t.numel()]
+    b = [float(t.double().abs().max()) for n, t in tensors.items() if ".lora_B" in n and t.numel()]
+    return bool(a) and max(a) <= 1e-9 * (max(b, default=0.0) or 1.0)
 
 
 def _measurement(members: list[LoraFactors]) -> torch.Tensor:
