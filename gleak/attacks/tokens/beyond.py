@@ -146,21 +146,24 @@ class SparseTokens(Attack):
             raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on 2 cores ({size:,} candidate "
                              f"inputs of {d} dimensions, up to {steps} selections); pass --option "
                              "sparse-tokens.max_atoms=N with fewer, or record the batch's max length")
-        fit = ormp_somp(y, dictionary, max_atoms=steps)
+        # every position before the longest sequence's last token is an input of it: known atoms of the support
+        known = [vocab + t for t in range(min(spec.max_length or 0, positions) - 1)] if split else []
+        fit = ormp_somp(y, dictionary, max_atoms=steps, known=known)
         edge = confirmed_cliff(fit, self.options.cliff)
-        bound = (d + rank) / 2
+        bound = (d - len(known) + rank) / 2  # known atoms are projected out: d − k dimensions are left
+        formula = f"(d − {len(known)} known positions + rank)/2" if known else "(d + rank)/2"
         where = f"{label}: rank {rank}, d = {d}"
         if edge is None and steps < d - 1 and len(fit.order) >= steps:
             raise GleakError(f"no cliff in the residual within the {steps} selections max_atoms allows ({where})")
         if edge is None:
             raise GleakError(f"no cliff in the residual within {len(fit.order)} selections ({where}): the batch has "
-                             f"more distinct inputs than a sparse fit identifies (about (d + rank)/2 = {bound:.0f}), "
+                             f"more distinct inputs than a sparse fit identifies (about {formula} = {bound:.0f}), "
                              "or the update is not linear in them (Adam, trained embeddings)"
                              + "".join(f"; {w}" for w in warnings))
         support = fit.order[:edge]
-        atoms = torch.stack([dictionary.atom(a) for a in support])
-        own = leave_one_out(dictionary.prepare(y), atoms)
-        residual_share = max(math.prod(fit.ratios[:edge]) ** 2, 1e-300)
+        atoms = torch.stack([dictionary.atom(a) for a in [*known, *support]])
+        own = leave_one_out(dictionary.prepare(y), atoms)[len(known):]
+        residual_share = max((fit.diagnostics.get("left", 1.0) * math.prod(fit.ratios[:edge])) ** 2, 1e-300)
         confidence = own / (own + residual_share)
         # an atom whose own share is below the residual floor explains nothing the others do not: the greedy fit
         # picked it on the way (near the bound) and its coefficient is ~0; it is dropped, not reported
@@ -169,7 +172,7 @@ class SparseTokens(Attack):
         support = [a for a, k in zip(support, kept.tolist(), strict=True) if k]
         own, confidence = own[kept], confidence[kept]
         found = len(support)
-        places = sorted(a - vocab for a in support if a >= vocab) if split else []
+        places = sorted({a - vocab for a in [*known, *support] if a >= vocab}) if split else []
         token_atoms = [i for i, a in enumerate(support) if not split or a < vocab]
         ids = torch.tensor([support[i] % vocab for i in token_atoms], dtype=torch.long)
         confidence = confidence[token_atoms]
@@ -180,7 +183,7 @@ class SparseTokens(Attack):
         depth = fit.ratios[edge - 1]
         trusted = found < bound
         if not trusted:
-            warnings.append(f"{found} inputs found, at or beyond what a sparse fit identifies ((d + rank)/2 = "
+            warnings.append(f"{found} inputs found, at or beyond what a sparse fit identifies ({formula} = "
                             f"{bound:.0f}): some of these tokens may be wrong")
         if depth >= SHALLOW_CLIFF:
             warnings.append(f"the residual's cliff is shallow (ratio {depth:.2g}; exact float32 data gives about "
@@ -193,8 +196,8 @@ class SparseTokens(Attack):
                          "atoms": "tokens and positions apart" if split else
                          ("(token, position) pairs" if positions > 1 else "tokens"),
                          **({"positions_found": len(places)} if split else {}),
-                         "identifiable_below": bound, "trusted": trusted, "cliff_ratio": depth,
-                         "residual_share": residual_share})
+                         "identifiable_below": bound, "known_positions": len(known), "trusted": trusted,
+                         "cliff_ratio": depth, "residual_share": residual_share})
 
 
 def _full_group(model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab: int

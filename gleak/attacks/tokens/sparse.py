@@ -17,7 +17,7 @@ measurement holds (:func:`cliff`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -124,11 +124,14 @@ def _confirmed(ratios: list[float], residual: float, threshold: float, after: fl
     return None
 
 
-def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_cliff: bool = True) -> SparseFit:
+def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_cliff: bool = True,
+              known: Sequence[int] = ()) -> SparseFit:
     """Order-recursive simultaneous OMP of ``y`` [d, L] over ``dictionary``: at each step the atom a that removes the
     most residual energy, ‖Z_a‖² / p_a (Z = DᵀR its correlations with the residual, p_a its energy outside the span
-    of those selected), up to ``max_atoms`` selections (and at most d − 1), stopping after the cliff
-    (:func:`cliff`) when ``stop_at_cliff``. float64 throughout; memory O(|D|·L + d·(L + max_atoms) + chunk·d)."""
+    of those selected), up to ``max_atoms`` selections (and at most d − 1 with the known ones), stopping after a
+    confirmed cliff (:func:`confirmed_cliff`) when ``stop_at_cliff``. ``known`` atoms (in the support for sure, such
+    as the positions every batch uses) are selected first and are not part of ``order`` or ``ratios``. float64
+    throughout; memory O(|D|·L + d·(L + max_atoms) + chunk·d)."""
     d = y.shape[0]
     if dictionary.dim != d:
         raise GleakError(f"the dictionary's atoms have {dictionary.dim} dimensions, the measurement {d}")
@@ -147,34 +150,44 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
     energy = torch.ones(dictionary.size, dtype=torch.float64)
     chosen = torch.zeros(dictionary.size, dtype=torch.bool)
     basis = torch.empty(d, 0, dtype=torch.float64)
+
+    def take(j: int, label: str) -> bool:
+        """Add atom j to the span: the residual, the correlations and the energies by one rank-one step."""
+        nonlocal basis, resid
+        chosen[j] = True
+        atom = dictionary.atom(j)
+        q = atom - basis @ (basis.T @ atom)
+        q = q - basis @ (basis.T @ q)  # once more: float64 keeps the basis orthonormal to ~1e-15
+        norm = float(q.norm())
+        if norm < math.sqrt(SPENT):
+            return False
+        q = q / norm
+        basis = torch.cat([basis, q[:, None]], 1)
+        rho = q @ resid
+        resid = resid - torch.outer(q, rho)
+        for first, inner in dictionary.products(q[:, None], label):
+            alpha = inner[:, 0]
+            rows = slice(first, first + len(alpha))
+            z[rows] -= torch.outer(alpha, rho)
+            energy[rows] -= alpha.square()
+        return True
+
+    for k, j in enumerate(known):
+        take(j, f"sparse fit: known atom {k + 1}/{len(known)}, atoms")
     order: list[int] = []
     ratios: list[float] = []
     scores: list[float] = []
     before = float(resid.norm())
-    steps = min(max_atoms, d - 1)
+    left = before / total  # the share of ‖Y‖ the known atoms leave
+    steps = max(0, min(max_atoms, d - 1 - basis.shape[1]))
     for step in range(steps):
         gain = z.square().sum(1) / energy.clamp_min(1e-12)
         gain[chosen | (energy < SPENT)] = -math.inf
         j = int(torch.argmax(gain))
         if not math.isfinite(float(gain[j])):
             break
-        atom = dictionary.atom(j)
-        q = atom - basis @ (basis.T @ atom)
-        q = q - basis @ (basis.T @ q)  # once more: float64 keeps the basis orthonormal to ~1e-15
-        norm = float(q.norm())
-        if norm < math.sqrt(SPENT):
-            chosen[j] = True
+        if not take(j, f"sparse fit: step {step + 1}/{steps}, atoms"):
             continue
-        q = q / norm
-        basis = torch.cat([basis, q[:, None]], 1)
-        rho = q @ resid
-        resid = resid - torch.outer(q, rho)
-        for first, inner in dictionary.products(q[:, None], f"sparse fit: step {step + 1}/{steps}, atoms"):
-            alpha = inner[:, 0]
-            rows = slice(first, first + len(alpha))
-            z[rows] -= torch.outer(alpha, rho)
-            energy[rows] -= alpha.square()
-        chosen[j] = True
         order.append(j)
         scores.append(float(gain[j]))
         after = float(resid.norm())
@@ -188,7 +201,8 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
     rest[chosen] = 0.0
     size = _confirmed(ratios, before / total, CLIFF, AFTER_CLIFF)
     return SparseFit(order=order, ratios=ratios, scores=scores, size=size, residual=before / total,
-                     diagnostics={"columns": float(resid.shape[1])}, rest=rest)
+                     diagnostics={"columns": float(resid.shape[1]), "known": float(len(known)), "left": left},
+                     rest=rest)
 
 
 def leave_one_out(y: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
