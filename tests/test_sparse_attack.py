@@ -154,6 +154,8 @@ def test_full_fine_tuning_of_gpt2_past_the_pair_count_gives_the_tokens() -> None
     assert result.output is not None and result.output.diagnostics["atoms"] == "tokens and positions apart"
     assert set(result.output.bag()) == set(truth_bags(ids, mask)["inputs"])
     assert result.output.diagnostics["positions_found"] == int(mask.sum(1).max()) - 1
+    # every position before the longest sequence's last token is an input: known atoms, projected out first
+    assert result.output.diagnostics["known_positions"] == ids.shape[1] - 1
 
 
 def test_full_fine_tuning_of_a_rotary_model_is_left_to_the_span_tests() -> None:

@@ -39,7 +39,7 @@ from gleak.attacks.tokens.adapters import LoraFactors, lora_factors
 from gleak.attacks.tokens.atoms import CACHE_BYTES, PositionalDictionary, first_block_dictionary
 from gleak.attacks.tokens.inputs import MAX_POSITIONS, InputKind, first_tokenwise, linear_gradient, weight_gradients
 from gleak.attacks.tokens.lora import global_adapter
-from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, confirmed_cliff, leave_one_out, ormp_somp
+from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, CLIFF_STEPS, confirmed_cliff, leave_one_out, ormp_somp
 from gleak.attacks.tokens.view import is_lora_only
 from gleak.errors import GleakError
 
@@ -180,14 +180,14 @@ class SparseTokens(Attack):
         counts = torch.zeros(len(token_ids), dtype=torch.long).index_add_(0, inverse, torch.ones_like(inverse))
         best = torch.zeros(len(token_ids), dtype=torch.float64).scatter_reduce_(0, inverse, confidence, "amax")
         scores = _token_scores(fit.rest, support, own, residual_share, vocab, 1 if split else positions)
-        depth = fit.ratios[edge - 1]
+        depth = math.prod(fit.ratios[max(0, edge - CLIFF_STEPS):edge])  # the fall over the last selections
         trusted = found < bound
         if not trusted:
             warnings.append(f"{found} inputs found, at or beyond what a sparse fit identifies ({formula} = "
                             f"{bound:.0f}): some of these tokens may be wrong")
         if depth >= SHALLOW_CLIFF:
-            warnings.append(f"the residual's cliff is shallow (ratio {depth:.2g}; exact float32 data gives about "
-                            "1e-5): the update is only close to linear in the inputs (rounding of θ_local − "
+            warnings.append(f"the residual's cliff is shallow (it fell {depth:.2g}× over its last steps; exact "
+                            "float32 data: about 1e-5×): the update is only close to linear in the inputs (rounding of θ_local − "
                             "θ_global, Adam, trained embeddings, dropout), so the bag is approximate")
         return TokenOutput(
             token_ids=token_ids, counts=counts, scores=scores, confidence=best, warnings=warnings,

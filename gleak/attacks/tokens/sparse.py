@@ -29,6 +29,7 @@ CHUNK_ATOMS = 8192  # dictionary atoms computed and used at a time
 SPENT = 1e-8  # an atom whose energy outside the selected span falls below this share is in that span already
 CLIFF = 0.1  # a residual that falls by more than this ratio in one step ends the support (METHODS-sparse §3.8)
 AFTER_CLIFF = 0.5  # ... when the two steps after it remove less than this ratio each (only noise is left)
+CLIFF_STEPS = 3  # the drop is measured over this many selections up to the end of the support
 
 
 class Dictionary:
@@ -106,22 +107,29 @@ def cliff(ratios: list[float], threshold: float = CLIFF) -> int | None:
 
 
 def confirmed_cliff(fit: SparseFit, threshold: float = CLIFF, after: float = AFTER_CLIFF) -> int | None:
-    """The support size: the deepest drop below ``threshold`` that the steps after it confirm as the end of the
-    support — the residual was exactly spent there, or the next two ratios are back above ``after`` (only noise
-    left). A drop at the very end of the fit, or one followed by further drops, is the dimension running out (any
-    d atoms span ℝ^d), not a support."""
+    """The support size: the end of the deepest drop that the steps after it confirm as the end of the support.
+    A drop is the residual's fall over the last :data:`CLIFF_STEPS` selections up to that end, below
+    ``threshold`` (exact data drops by 10⁵ in one step; a float32 update near its rounding floor over two or three:
+    0.11, 0.30, 0.35, as its last inputs sink towards the noise); the end is a step that still removed a real
+    share (ratio at most ``after``), followed by two that remove only noise (ratios above ``after``), or the
+    residual spent exactly. A drop at the very end of the fit, or one followed by further drops, is the dimension
+    running out (any d atoms span ℝ^d), not a support."""
     return _confirmed(fit.ratios, fit.residual, threshold, after)
 
 
 def _confirmed(ratios: list[float], residual: float, threshold: float, after: float) -> int | None:
-    for k in sorted((k for k, r in enumerate(ratios) if r < threshold), key=lambda k: ratios[k]):
-        edge = k + 1
-        if edge == len(ratios) and residual <= 1e-12:
-            return edge
+    best: tuple[float, int] | None = None
+    for edge in range(1, len(ratios) + 1):
+        if ratios[edge - 1] > after:
+            continue
+        spent = edge == len(ratios) and residual <= 1e-12
         later = ratios[edge:edge + 2]
-        if len(later) == 2 and min(later) > after:
-            return edge
-    return None
+        if not spent and (len(later) < 2 or min(later) <= after):
+            continue
+        drop = 0.0 if spent else math.prod(ratios[max(0, edge - CLIFF_STEPS):edge])
+        if drop < threshold and (best is None or drop < best[0]):
+            best = (drop, edge)
+    return best[1] if best is not None else None
 
 
 def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_cliff: bool = True,
