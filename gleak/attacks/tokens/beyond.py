@@ -187,8 +187,9 @@ class SparseTokens(Attack):
                             f"{bound:.0f}): some of these tokens may be wrong")
         if depth >= SHALLOW_CLIFF:
             warnings.append(f"the residual's cliff is shallow (it fell {depth:.2g}× over its last steps; exact "
-                            "float32 data: about 1e-5×): the update is only close to linear in the inputs (rounding of θ_local − "
-                            "θ_global, Adam, trained embeddings, dropout), so the bag is approximate")
+                            "float32 data: about 1e-5×): the update is only close to linear in the inputs "
+                            "(rounding of θ_local − θ_global, Adam, trained embeddings, dropout), so the bag is "
+                            "approximate")
         return TokenOutput(
             token_ids=token_ids, counts=counts, scores=scores, confidence=best, warnings=warnings,
             diagnostics={"method": "ormp-somp", "case": case, "modules": names,
