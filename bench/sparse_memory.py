@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from sparse_tokens import adapted, lora_capture  # noqa: E402
+from sparse_tokens import lora_capture  # noqa: E402
 
 from gleak.attacks.tokens import atoms  # noqa: E402
 from gleak.metrics.tokens import bag_scores, truth_bags  # noqa: E402
 from tests.notes_lm import bpe_tokenizer, encode, make_notes  # noqa: E402
-from tests.token_models import run_token_attack, spec_of, text_context  # noqa: E402
+from tests.token_models import adapt, run_token_attack, spec_of, text_context  # noqa: E402
 
 
 def peak_mb() -> float:
@@ -71,7 +71,7 @@ def main() -> None:
     tok = bpe_tokenizer(lines, 8000)
     notes = [n for s in range(2001, 2003) for n in make_notes(s)][:8]
     ids, mask = encode(tok, notes, 40)
-    tensors = lora_capture(adapted(base, "llama", 16, ["q_proj", "v_proj"]), [(ids, mask)])
+    tensors = lora_capture(adapt(base, 16, trained=True, seed=1, targets=["q_proj", "v_proj"]), [(ids, mask)])
     import gc
 
     gc.collect()

@@ -23,7 +23,6 @@ Writes ``--out``.md and .json.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import resource
 import sys
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from gleak.metrics.tokens import bag_scores, truth_bags  # noqa: E402
 from tests.notes_lm import bpe_tokenizer, encode, make_notes  # noqa: E402
-from tests.token_models import lm_loss, run_token_attack, spec_of, text_context  # noqa: E402
+from tests.token_models import adapt, lm_loss, run_token_attack, spec_of, text_context  # noqa: E402
 
 LR_CLIENT = 0.01
 
@@ -70,21 +69,6 @@ def pretrain(model: torch.nn.Module, tok: Any, lines: list[str], steps: int) -> 
         loss.backward()
         opt.step()
     model.eval()
-
-
-def adapted(base: torch.nn.Module, family: str, r: int, targets: list[str]) -> torch.nn.Module:
-    import peft
-
-    torch.manual_seed(1)
-    gpt = family == "gpt2"
-    config = peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, fan_in_fan_out=gpt,
-                             target_modules=["c_attn"] if gpt else targets)
-    model = peft.get_peft_model(copy.deepcopy(base), config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.02)
-    return model
 
 
 def lora_capture(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -203,7 +187,7 @@ def main() -> None:
     long_pool = [" ".join(pool[i:i + 6]) for i in range(0, len(pool) - 6, 6)]  # ~150-300-token documents
     rows = []
     for r in args.ranks:
-        model = adapted(base, args.family, r, args.targets.split(","))
+        model = adapt(base, r, trained=True, seed=1, targets=args.targets.split(","))
         for b in args.batches:
             for length in args.lengths:
                 for scheme in args.schemes:

@@ -56,7 +56,7 @@ from gleak.attacks.tokens.view import token_view  # noqa: E402
 from gleak.capture import model_logits, token_loss  # noqa: E402
 from gleak.errors import GleakError  # noqa: E402
 from gleak.metrics.text import text_scores  # noqa: E402
-from tests.token_models import fedavg_update, gpt2, gradient, llama, lm_loss, spec_of, token_batch  # noqa: E402
+from tests.token_models import adapt, fedavg_update, gpt2, gradient, llama, lm_loss, spec_of, token_batch  # noqa: E402
 
 SHORT, LONG = (8, 16), (48, 64)
 WIDE = {"gpt2": (768, 50_257), "llama": (768, 32_000)}
@@ -149,22 +149,6 @@ def classifier(family: str, d: int, vocab: int) -> torch.nn.Module:
         n_layer=3, n_embd=d, n_head=2, vocab_size=vocab, n_positions=64, pad_token_id=0, num_labels=2)).eval()
 
 
-def adapted(base: torch.nn.Module, family: str, r: int) -> Any:
-    """``base`` (copied) with a trained-looking LoRA (tests/test_lora_tokens.py ``adapt``)."""
-    import peft
-
-    torch.manual_seed(0)
-    gpt = family == "gpt2"
-    config = peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, fan_in_fan_out=gpt,
-                             target_modules=["c_attn"] if gpt else ["q_proj", "k_proj", "v_proj"])
-    model = peft.get_peft_model(copy.deepcopy(base), config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.02)
-    return model
-
-
 def lora_gradient(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     grads = torch.autograd.grad(lm_loss(model, ids, mask), list(params.values()))
@@ -210,7 +194,7 @@ def one(s: dict[str, Any], models: dict[tuple[str, str], torch.nn.Module], timeo
     model = base
     stored: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None
     if s["setting"] == "lora":
-        peft_model = adapted(base, family, int(s["r"]))
+        peft_model = adapt(base, int(s["r"]), trained=True)
         tensors = lora_gradient(peft_model, ids, mask)
         spec = spec_of(base, batch_size=b, max_length=length)
         if s["model"] == "global":  # what the server sent: the adapter's config and weights, named as peft saves

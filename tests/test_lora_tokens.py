@@ -4,7 +4,6 @@ gradient leaves nothing to read."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -21,25 +20,9 @@ from gleak.losses import LossSpec  # noqa: E402
 from gleak.metrics.tokens import bag_scores, truth_bags  # noqa: E402
 from gleak.models.lastlayer import LastLayer  # noqa: E402
 
-from .token_models import gpt2, llama, lm_loss, run_token_attack, spec_of, token_batch  # noqa: E402
+from .token_models import adapt, gpt2, llama, lm_loss, run_token_attack, spec_of, token_batch  # noqa: E402
 
 VOCAB = 500
-
-
-def adapt(base: nn.Module, r: int, trained: bool, seed: int = 0) -> nn.Module:
-    """``base`` (copied) with a LoRA adapter on the attention input projections; ``trained`` gives lora_B random
-    values, as after some rounds (a fresh adapter has lora_B = 0)."""
-    torch.manual_seed(seed)
-    gpt = base.config.model_type == "gpt2"
-    config = peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, fan_in_fan_out=gpt,
-                             target_modules=["c_attn"] if gpt else ["q_proj", "k_proj", "v_proj"])
-    model = peft.get_peft_model(copy.deepcopy(base), config).eval()
-    if trained:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.02)
-    return model
 
 
 def saved(model: nn.Module, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

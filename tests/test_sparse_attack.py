@@ -17,8 +17,8 @@ from gleak.attacks.base import AttackResult
 from gleak.attacks.tokens import atoms
 from gleak.metrics.tokens import truth_bags
 
-from .test_lora_tokens import VOCAB, adapt, attack, lora_gradient, lora_update, scores
-from .token_models import gpt2, llama, token_batch
+from .test_lora_tokens import VOCAB, attack, lora_gradient, lora_update, scores
+from .token_models import adapt, gpt2, llama, token_batch
 
 
 def sparse(base: torch.nn.Module, tensors: dict[str, torch.Tensor], ids: torch.Tensor, path: Path | None = None,

@@ -39,6 +39,27 @@ def llama(d: int = 128, vocab: int = 1000, layers: int = 2, seed: int = 0) -> nn
     return LlamaForCausalLM(config).eval()
 
 
+def adapt(base: nn.Module, r: int, trained: bool, seed: int = 0, targets: list[str] | None = None) -> nn.Module:
+    """``base`` (copied) with a LoRA adapter on the attention input projections (GPT-2's c_attn; ``targets``, by
+    default q, k and v, otherwise); ``trained`` gives lora_B random values, as after some rounds (a fresh adapter
+    has lora_B = 0). peft is imported by the callers' importorskip first."""
+    import copy
+
+    import peft
+
+    torch.manual_seed(seed)
+    gpt = base.config.model_type == "gpt2"
+    config = peft.LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, fan_in_fan_out=gpt,
+                             target_modules=["c_attn"] if gpt else (targets or ["q_proj", "k_proj", "v_proj"]))
+    model: nn.Module = peft.get_peft_model(copy.deepcopy(base), config).eval()
+    if trained:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02)
+    return model
+
+
 def spec_of(model: nn.Module, kind: Literal["gradient", "update"] = "gradient", steps: int = 1,
             lr: float | None = None, batch_size: int | None = None, max_length: int | None = None) -> TextModelSpec:
     """What the loader would describe (read from the HF config here)."""
