@@ -167,3 +167,22 @@ def test_full_fine_tuning_of_a_rotary_model_is_left_to_the_span_tests() -> None:
     ctx.model = base
     result = run_token_attack("sparse-tokens", ctx)
     assert result.status == "not_applicable" and "rotary positions" in (result.reason or ""), result.reason
+
+
+def test_a_recorded_length_past_the_models_positions_is_not_trusted_to_index_them() -> None:
+    """Metadata is untrusted: a capture claiming sequences longer than GPT-2's position table (64 here) is read at
+    the table's positions, not failed with an IndexError."""
+    from .token_models import run_token_attack, spec_of, text_context
+
+    base = gpt2(d=64, vocab=VOCAB)
+    ids, mask = token_batch(2, VOCAB, (6, 8), seed=2)
+    grads = lora_gradient(adapt(base, r=4, trained=True), ids, mask)
+    results = {}
+    for name in ("sparse-tokens", "lora-tokens"):
+        ctx = text_context(grads, spec_of(base, batch_size=2, max_length=100))
+        ctx.model = base
+        results[name] = run_token_attack(name, ctx)
+    sparse_result, span = results["sparse-tokens"], results["lora-tokens"]
+    assert sparse_result.status == "ok" and sparse_result.output is not None, sparse_result.reason
+    assert set(sparse_result.output.bag()) == set(truth_bags(ids, mask)["inputs"])
+    assert span.status == "failed" and "rank 4 of at most 4" in (span.reason or ""), span.reason

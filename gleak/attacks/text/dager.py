@@ -44,6 +44,7 @@ from gleak.attacks.tokens.inputs import (
     input_kind,
     linear_gradient,
     module_inputs,
+    tested_positions,
     weight_gradients,
 )
 from gleak.attacks.tokens.span import gap_threshold
@@ -464,7 +465,7 @@ def run_dager(model: nn.Module, spec: TextModelSpec, tensors: dict[str, torch.Te
             g1, g2, positional = _weight_groups(model, tensors, span_gap)
         except GleakError as err:
             raise GleakError(rounding_reason(model, tensors, spec) or str(err)) from None
-    positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS) if positional else 1
+    positions = tested_positions(spec.max_length, spec.n_positions) if positional else 1
     sets, diag1 = layer_one_sets(model, g1, spec.vocab_size, positions, min_gap, progress)
     if not any(sets):
         raise GleakError("no vocabulary token passes the first-block span test: the capture does not match this "

@@ -37,7 +37,13 @@ from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
 from gleak.attacks.tokens.adapters import LoraFactors, lora_factors
 from gleak.attacks.tokens.atoms import CACHE_BYTES, PositionalDictionary, first_block_dictionary
-from gleak.attacks.tokens.inputs import MAX_POSITIONS, InputKind, first_tokenwise, linear_gradient, weight_gradients
+from gleak.attacks.tokens.inputs import (
+    InputKind,
+    first_tokenwise,
+    linear_gradient,
+    tested_positions,
+    weight_gradients,
+)
 from gleak.attacks.tokens.lora import global_adapter
 from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, CLIFF_STEPS, confirmed_cliff, leave_one_out, ormp_somp
 from gleak.attacks.tokens.view import is_lora_only
@@ -47,6 +53,7 @@ PAPERS = ("joint-sparse recovery (simultaneous OMP: Tropp, Gilbert & Strauss, Si
           "Davies & Eldar, IEEE TIT 2012) over the first-block inputs, as SOMP (Li & Li, arXiv 2603.16761, 2026) "
           "builds on")
 MAX_WORK = 3e12  # multiply-adds the fit may spend (about 10 minutes on 2 cores); beyond it the attack refuses
+KNOWN_SHARE = 0.25  # known positions are projected out only while they take at most this share of d
 MAX_FIT_BYTES = 2 * 2**30  # the fit's per-atom state (correlations with the residual) at most
 RANK_TOL = 1e-5  # singular values below this share of the largest are float32 rounding, not inputs
 SHALLOW_CLIFF = 1e-2  # a cliff ratio above this: the measurement is only near the linear model (say so)
@@ -126,7 +133,7 @@ class SparseTokens(Attack):
         d, vocab = y.shape[0], spec.vocab_size
         sv = torch.linalg.svdvals(y)
         rank = int((sv > RANK_TOL * sv[0]).sum())
-        positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS) if kind.positional else 1
+        positions = tested_positions(spec.max_length, spec.n_positions) if kind.positional else 1
         steps = min(self.options.max_atoms or d - 1, d - 1)
         pairs = first_block_dictionary(model, layer, vocab, positions, d)
         split = isinstance(pairs, PositionalDictionary)
@@ -146,8 +153,11 @@ class SparseTokens(Attack):
             raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on 2 cores ({size:,} candidate "
                              f"inputs of {d} dimensions, up to {steps} selections); pass --option "
                              "sparse-tokens.max_atoms=N with fewer, or record the batch's max length")
-        # every position before the longest sequence's last token is an input of it: known atoms of the support
-        known = [vocab + t for t in range(min(spec.max_length or 0, positions) - 1)] if split else []
+        # every position before the longest sequence's last token is an input of it: known atoms of the support,
+        # when the recorded length leaves most of the room (it is metadata: a length above the batch's longest
+        # forces absent positions, which cost room but not correctness)
+        longest = min(spec.max_length or 0, positions)
+        known = [vocab + t for t in range(longest - 1)] if split and longest - 1 <= KNOWN_SHARE * d else []
         fit = ormp_somp(y, dictionary, max_atoms=steps, known=known)
         edge = confirmed_cliff(fit, self.options.cliff)
         bound = (d - len(known) + rank) / 2  # known atoms are projected out: d − k dimensions are left

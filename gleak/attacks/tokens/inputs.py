@@ -27,6 +27,14 @@ CHUNK_TOKENS = 2048  # candidate tokens per forward pass
 MAX_POSITIONS = 512  # position-dependent inputs: positions tested at most (without a recorded max length)
 
 
+def tested_positions(max_length: int | None, n_positions: int | None) -> int:
+    """How many positions to test for position-dependent inputs: the capture's recorded max length, at most
+    :data:`MAX_POSITIONS`, and at most the model's position table (a capture that claims longer sequences than the
+    model reads cannot hold them; its metadata is not trusted to index the table)."""
+    most = min(max_length or MAX_POSITIONS, MAX_POSITIONS)
+    return min(most, n_positions) if n_positions else most
+
+
 class _Stop(Exception):
     """Raised by the pre-hook: the forward pass has reached the adapted module."""
 

@@ -33,7 +33,7 @@ from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
 from gleak.attacks.tokens.adapters import lora_factors
-from gleak.attacks.tokens.inputs import CHUNK_TOKENS, MAX_POSITIONS, candidate_residuals, first_tokenwise
+from gleak.attacks.tokens.inputs import CHUNK_TOKENS, candidate_residuals, first_tokenwise, tested_positions
 from gleak.attacks.tokens.span import gap_threshold
 from gleak.attacks.tokens.spantest import finite, lora_span
 from gleak.attacks.tokens.view import is_lora_only
@@ -112,7 +112,7 @@ class LoraTokens(Attack):
         members = [f for f in factors if f.module in paths]
         positions = 1
         if kind.positional:
-            positions = min(spec.max_length or MAX_POSITIONS, MAX_POSITIONS)
+            positions = tested_positions(spec.max_length, spec.n_positions)
         names = [f.module for f in members]
         stored = global_adapter(ctx.capture.path)
         beside = adapter_path_for(ctx.capture.path).name if ctx.capture.path else "NAME.adapter"
