@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from pydantic import Field
@@ -45,7 +46,16 @@ from gleak.attacks.tokens.inputs import (
     weight_gradients,
 )
 from gleak.attacks.tokens.lora import global_adapter
-from gleak.attacks.tokens.sparse import CHUNK_ATOMS, CLIFF, CLIFF_STEPS, confirmed_cliff, leave_one_out, ormp_somp
+from gleak.attacks.tokens.sparse import (
+    CHUNK_ATOMS,
+    CLIFF,
+    CLIFF_STEPS,
+    Dictionary,
+    SparseFit,
+    confirmed_cliff,
+    leave_one_out,
+    ormp_somp,
+)
 from gleak.attacks.tokens.view import is_lora_only
 from gleak.errors import GleakError
 
@@ -112,24 +122,8 @@ class SparseTokens(Attack):
         if spec is None or model is None:  # pragma: no cover - not_applicable guards both
             raise GleakError("needs a language model's capture and its base model")
         warnings: list[str] = []
-        if is_lora_only(ctx.capture.tensors):
-            factors = lora_factors(ctx.capture.tensors, model)
-            group = first_tokenwise(model, [(f.module, f.layer) for f in factors], spec.vocab_size)
-            if group is None:
-                raise GleakError("no adapted module reads token-wise inputs (LoRA on the first block's q/k/v or "
-                                 "c_attn)")
-            kind, paths = group
-            members = [f for f in factors if f.module in paths]
-            if ctx.capture.kind == "update":
-                members = _above_storage_floor(members, global_adapter(ctx.capture.path), warnings)
-            y = _measurement(members)
-            layer, case, names, label = members[0].layer, "lora_A rows", [f.module for f in members], _lora(members)
-        else:
-            full = _full_group(model, ctx.capture.tensors, spec.vocab_size)
-            if isinstance(full, str):  # pragma: no cover - not_applicable says the same
-                raise GleakError(full)
-            kind, names, layer, y = full
-            case, label = "weight gradient rows", f"full fine-tuning of {', '.join(names)}"
+        read = _measure(ctx, model, spec.vocab_size, warnings)
+        y, kind, layer, case, label = read.y, read.kind, read.layer, read.case, read.label
         d, vocab = y.shape[0], spec.vocab_size
         sv = torch.linalg.svdvals(y)
         rank = int((sv > RANK_TOL * sv[0]).sum())
@@ -142,17 +136,7 @@ class SparseTokens(Attack):
         if case != "lora_A rows" and not split:
             raise GleakError("full fine-tuning of a model whose learned positions do not enter as a LayerNorm of "
                              "token plus position: no linear fit identifies more inputs than the span tests read")
-        size = dictionary.size
-        held = 8.0 * size * (min(rank, d) + 4)  # the fit's correlations, energies and scores, float64
-        if held > MAX_FIT_BYTES:
-            raise GleakError(f"the fit would hold {held / 2**30:.1f} GiB ({size:,} candidate inputs × {rank} "
-                             f"columns; at most {MAX_FIT_BYTES / 2**30:.0f} GiB): record the batch's max length "
-                             "(fewer positions), or adapt fewer first-block modules")
-        work = dictionary.pass_cost() * (steps + 2) * 2
-        if work > MAX_WORK:
-            raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on 2 cores ({size:,} candidate "
-                             f"inputs of {d} dimensions, up to {steps} selections); pass --option "
-                             "sparse-tokens.max_atoms=N with fewer, or record the batch's max length")
+        _check_cost(dictionary, rank, d, steps)
         # every position before the longest sequence's last token is an input of it: known atoms of the support,
         # when the recorded length leaves most of the room (it is metadata: a length above the batch's longest
         # forces absent positions, which cost room but not correctness)
@@ -170,17 +154,7 @@ class SparseTokens(Attack):
                              f"more distinct inputs than a sparse fit identifies (about {formula} = {bound:.0f}), "
                              "or the update is not linear in them (Adam, trained embeddings)"
                              + "".join(f"; {w}" for w in warnings))
-        support = fit.order[:edge]
-        atoms = torch.stack([dictionary.atom(a) for a in [*known, *support]])
-        own = leave_one_out(dictionary.prepare(y), atoms)[len(known):]
-        residual_share = max((fit.diagnostics.get("left", 1.0) * math.prod(fit.ratios[:edge])) ** 2, 1e-300)
-        confidence = own / (own + residual_share)
-        # an atom whose own share is below the residual floor explains nothing the others do not: the greedy fit
-        # picked it on the way (near the bound) and its coefficient is ~0; it is dropped, not reported
-        kept = confidence >= 0.5
-        pruned = int((~kept).sum())
-        support = [a for a, k in zip(support, kept.tolist(), strict=True) if k]
-        own, confidence = own[kept], confidence[kept]
+        support, own, confidence, pruned, residual_share = _pruned_support(fit, edge, known, dictionary, y)
         found = len(support)
         places = sorted({a - vocab for a in [*known, *support] if a >= vocab}) if split else []
         token_atoms = [i for i, a in enumerate(support) if not split or a < vocab]
@@ -202,13 +176,79 @@ class SparseTokens(Attack):
                             "approximate")
         return TokenOutput(
             token_ids=token_ids, counts=counts, scores=scores, confidence=best, warnings=warnings,
-            diagnostics={"method": "ormp-somp", "case": case, "modules": names,
+            diagnostics={"method": "ormp-somp", "case": case, "modules": read.names,
                          "positions": positions, "rank": rank, "width": d, "inputs": found, "pruned": pruned,
                          "atoms": "tokens and positions apart" if split else
                          ("(token, position) pairs" if positions > 1 else "tokens"),
                          **({"positions_found": len(places)} if split else {}),
                          "identifiable_below": bound, "known_positions": len(known), "trusted": trusted,
                          "cliff_ratio": depth, "residual_share": residual_share})
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What the fit reads: Y [d, L] and the first-block module group it comes from."""
+
+    y: torch.Tensor
+    kind: InputKind
+    layer: nn.Module
+    case: str
+    names: list[str]
+    label: str
+
+
+def _measure(ctx: Context, model: nn.Module, vocab: int, warnings: list[str]) -> _Measured:
+    """Y of a LoRA capture (lora_A of the first block's adapted q/k/v or c_attn, less modules at the rounding floor)
+    or of full fine-tuning (the first block's weight gradients), or one line."""
+    if is_lora_only(ctx.capture.tensors):
+        factors = lora_factors(ctx.capture.tensors, model)
+        group = first_tokenwise(model, [(f.module, f.layer) for f in factors], vocab)
+        if group is None:
+            raise GleakError("no adapted module reads token-wise inputs (LoRA on the first block's q/k/v or c_attn)")
+        kind, paths = group
+        members = [f for f in factors if f.module in paths]
+        if ctx.capture.kind == "update":
+            members = _above_storage_floor(members, global_adapter(ctx.capture.path), warnings)
+        return _Measured(y=_measurement(members), kind=kind, layer=members[0].layer, case="lora_A rows",
+                         names=[f.module for f in members], label=_lora(members))
+    full = _full_group(model, ctx.capture.tensors, vocab)
+    if isinstance(full, str):  # pragma: no cover - not_applicable says the same
+        raise GleakError(full)
+    kind, names, layer, y = full
+    return _Measured(y=y, kind=kind, layer=layer, case="weight gradient rows", names=names,
+                     label=f"full fine-tuning of {', '.join(names)}")
+
+
+def _check_cost(dictionary: Dictionary, rank: int, d: int, steps: int) -> None:
+    """One line before the fit when its state or its work would pass the bounds (:data:`MAX_FIT_BYTES`,
+    :data:`MAX_WORK`)."""
+    size = dictionary.size
+    held = 8.0 * size * (min(rank, d) + 4)  # the fit's correlations, energies and scores, float64
+    if held > MAX_FIT_BYTES:
+        raise GleakError(f"the fit would hold {held / 2**30:.1f} GiB ({size:,} candidate inputs × {rank} columns; "
+                         f"at most {MAX_FIT_BYTES / 2**30:.0f} GiB): record the batch's max length (fewer "
+                         "positions), or adapt fewer first-block modules")
+    work = dictionary.pass_cost() * (steps + 2) * 2
+    if work > MAX_WORK:
+        raise GleakError(f"the fit would take about {work / 5e9 / 60:.0f} min on 2 cores ({size:,} candidate inputs "
+                         f"of {d} dimensions, up to {steps} selections); pass --option sparse-tokens.max_atoms=N "
+                         "with fewer, or record the batch's max length")
+
+
+def _pruned_support(fit: SparseFit, edge: int, known: list[int], dictionary: Dictionary, y: torch.Tensor
+                    ) -> tuple[list[int], torch.Tensor, torch.Tensor, int, float]:
+    """The support up to the cliff, each atom's own share of ‖Y‖² (leave-one-out, the known atoms in the model),
+    its confidence own / (own + residual share), less the atoms below the residual floor: (support, own,
+    confidence, how many were pruned, the residual share). An atom whose own share is below the floor explains
+    nothing the others do not — the greedy fit picked it on the way, near the bound, and its coefficient is ~0."""
+    support = fit.order[:edge]
+    atoms = torch.stack([dictionary.atom(a) for a in [*known, *support]])
+    own = leave_one_out(dictionary.prepare(y), atoms)[len(known):]
+    residual_share = max((fit.diagnostics.get("left", 1.0) * math.prod(fit.ratios[:edge])) ** 2, 1e-300)
+    confidence = own / (own + residual_share)
+    kept = confidence >= 0.5
+    support = [a for a, k in zip(support, kept.tolist(), strict=True) if k]
+    return support, own[kept], confidence[kept], int((~kept).sum()), residual_share
 
 
 def _full_group(model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab: int
