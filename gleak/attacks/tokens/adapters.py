@@ -9,7 +9,7 @@ widths, and both factors are there with the same rank. Every problem is one line
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -86,3 +86,11 @@ def lora_factors(tensors: Mapping[str, torch.Tensor], model: nn.Module) -> list[
                                b=b))
     order = {name: i for i, name in enumerate(modules)}
     return sorted(out, key=lambda f: order[f.module])
+
+
+def lora_a_is_zero(members: Sequence[LoraFactors]) -> bool:
+    """Every lora_A is zero next to the lora_B ones: a fresh adapter's gradient (lora_B starts at 0, which makes
+    ∇A exactly 0), where only lora_B holds the inputs."""
+    a_scale = max(float(f.a.double().abs().max()) for f in members)
+    b_scale = max(float(f.b.double().abs().max()) for f in members) or 1.0
+    return a_scale <= 1e-9 * b_scale

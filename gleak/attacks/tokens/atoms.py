@@ -144,17 +144,18 @@ def _positional(model: nn.Module, layer: nn.Module, vocab: int, positions: int, 
     ids = torch.randint(0, vocab, (8, 1), generator=gen)
     where = torch.randint(0, positions, (8, 1), generator=gen)
     seen = module_inputs(model, layer, ids, where + offset)[:, 0].double()
+    weight = embedding.weight.detach().double()
     for table in tables[:2]:
+        rows = table.weight.detach().double()[offset:offset + positions]
         for norm in norms[:2]:
             gamma, beta = norm.weight.detach().double(), norm.bias.detach().double()
-            tokens = _centred(embedding.weight.detach().double()) * gamma
-            places = _centred(table.weight.detach().double()[offset:offset + positions]) * gamma
-            dictionary = PositionalDictionary(tokens, places, beta)
-            want = dictionary.prepare(seen.T).T
+            # the probe first, on its own rows: the whole dictionary is built once, for the pair that matches
+            probe = PositionalDictionary(_centred(weight[ids[:, 0]]) * gamma, _centred(rows) * gamma, beta)
+            want = probe.prepare(seen.T).T
             want = want / want.norm(dim=1, keepdim=True).clamp_min(1e-300)
-            got = dictionary.chunk_at(ids[:, 0], where[:, 0])
+            got = probe.chunk_at(torch.arange(len(ids)), where[:, 0])
             if float((1 - (want * got).sum(1)).abs().max()) < PROBE_TOLERANCE:
-                return dictionary
+                return PositionalDictionary(_centred(weight) * gamma, _centred(rows) * gamma, beta)
     return None
 
 

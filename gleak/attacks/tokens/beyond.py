@@ -36,7 +36,7 @@ from gleak.attacks.context import Context
 from gleak.attacks.options import AttackOptions
 from gleak.attacks.registry import register
 from gleak.attacks.requirements import Requirements
-from gleak.attacks.tokens.adapters import LoraFactors, lora_factors
+from gleak.attacks.tokens.adapters import LoraFactors, lora_a_is_zero, lora_factors
 from gleak.attacks.tokens.atoms import CACHE_BYTES, PositionalDictionary, first_block_dictionary
 from gleak.attacks.tokens.inputs import (
     InputKind,
@@ -52,7 +52,6 @@ from gleak.attacks.tokens.sparse import (
     CLIFF_STEPS,
     Dictionary,
     SparseFit,
-    confirmed_cliff,
     leave_one_out,
     ormp_somp,
 )
@@ -64,6 +63,7 @@ PAPERS = ("joint-sparse recovery (simultaneous OMP: Tropp, Gilbert & Strauss, Si
           "builds on")
 MAX_WORK = 3e12  # multiply-adds the fit may spend (about 10 minutes on 2 cores); beyond it the attack refuses
 KNOWN_SHARE = 0.25  # known positions are projected out only while they take at most this share of d
+TYPICAL_RANK = 48  # the stacked rank memory is planned for before the capture is read (r = 16 on q, k and v)
 MAX_FIT_BYTES = 2 * 2**30  # the fit's per-atom state (correlations with the residual) at most
 RANK_TOL = 1e-5  # singular values below this share of the largest are float32 rounding, not inputs
 SHALLOW_CLIFF = 1e-2  # a cliff ratio above this: the measurement is only near the linear model (say so)
@@ -103,7 +103,7 @@ class SparseTokens(Attack):
             found = _full_group(ctx.model, ctx.capture.tensors, ctx.text_model.vocab_size)
             if isinstance(found, str):
                 return found
-        elif _fresh(ctx.capture.tensors):
+        elif _fresh(ctx.capture.tensors, ctx.model):
             return ("a fresh adapter's gradient: lora_A's is zero (lora_B starts at 0), and lora_B's rows hold the "
                     "inputs only in r dimensions, where the span test (lora-tokens) reads all a linear fit can; a "
                     "FedAvg update of two or more local steps moves lora_A and is read")
@@ -115,7 +115,8 @@ class SparseTokens(Attack):
             return 0
         atoms = spec.vocab_size * (spec.max_length or 1)
         held = min(4 * atoms * spec.hidden_size, CACHE_BYTES)
-        return held + min(8 * atoms * 52, MAX_FIT_BYTES) + 8 * CHUNK_ATOMS * spec.hidden_size * 2
+        fit = 8 * atoms * (TYPICAL_RANK + 4)  # the fit's per-atom state (_check_cost refuses past the bound)
+        return held + min(fit, MAX_FIT_BYTES) + 8 * CHUNK_ATOMS * spec.hidden_size * 2
 
     def run(self, ctx: Context, inputs: RunInputs = NO_INPUTS) -> TokenOutput:
         spec, model = ctx.text_model, ctx.model
@@ -142,8 +143,10 @@ class SparseTokens(Attack):
         # forces absent positions, which cost room but not correctness)
         longest = min(spec.max_length or 0, positions)
         known = [vocab + t for t in range(longest - 1)] if split and longest - 1 <= KNOWN_SHARE * d else []
-        fit = ormp_somp(y, dictionary, max_atoms=steps, known=known)
-        edge = confirmed_cliff(fit, self.options.cliff)
+        fit = ormp_somp(y, dictionary, max_atoms=steps, known=known, threshold=self.options.cliff)
+        edge = fit.size
+        if edge == 0:
+            raise GleakError(f"the measurement is zero ({label}): no input left a trace")
         bound = (d - len(known) + rank) / 2  # known atoms are projected out: d − k dimensions are left
         formula = f"(d − {len(known)} known positions + rank)/2" if known else "(d + rank)/2"
         where = f"{label}: rank {rank}, d = {d}"
@@ -209,7 +212,8 @@ def _measure(ctx: Context, model: nn.Module, vocab: int, warnings: list[str]) ->
         members = [f for f in factors if f.module in paths]
         if ctx.capture.kind == "update":
             members = _above_storage_floor(members, global_adapter(ctx.capture.path), warnings)
-        return _Measured(y=_measurement(members), kind=kind, layer=members[0].layer, case="lora_A rows",
+        y = torch.cat([f.a.double().T for f in members], 1)  # [d, Σr]: every column in span{u}
+        return _Measured(y=y, kind=kind, layer=members[0].layer, case="lora_A rows",
                          names=[f.module for f in members], label=_lora(members))
     full = _full_group(model, ctx.capture.tensors, vocab)
     if isinstance(full, str):  # pragma: no cover - not_applicable says the same
@@ -270,24 +274,13 @@ def _full_group(model: nn.Module, tensors: Mapping[str, torch.Tensor], vocab: in
     return kind, paths, modules[paths[0]], y
 
 
-def _fresh(tensors: Mapping[str, torch.Tensor]) -> bool:
-    """Every lora_A tensor is zero next to the lora_B ones: a fresh adapter's FedSGD gradient."""
-    a = [float(t.double().abs().max()) for n, t in tensors.items() if ".lora_A" in n and t.numel()]
-    b = [float(t.double().abs().max()) for n, t in tensors.items() if ".lora_B" in n and t.numel()]
-    return bool(a) and max(a) <= 1e-9 * (max(b, default=0.0) or 1.0)
-
-
-def _measurement(members: list[LoraFactors]) -> torch.Tensor:
-    """Y = [∇A_1ᵀ … ∇A_mᵀ] [d, Σr] of the modules that read the same first-block input (float64), or one line
-    when lora_A holds nothing (a fresh adapter's gradient)."""
-    a_scale = max(float(f.a.double().abs().max()) for f in members)
-    b_scale = max(float(f.b.double().abs().max()) for f in members) or 1.0
-    if a_scale <= 1e-9 * b_scale:
-        raise GleakError(f"lora_A's gradient is zero ({_lora(members)} fresh: lora_B starts at 0); lora_B's rows "
-                         f"hold the inputs only in r = {members[0].rank} dimensions, where no sparse fit gets past "
-                         "the span test (lora-tokens reads fewer than r inputs there); a FedAvg update of two or more "
-                         "local steps moves lora_A and is read")
-    return torch.cat([f.a.double().T for f in members], 1)
+def _fresh(tensors: Mapping[str, torch.Tensor], model: nn.Module) -> bool:
+    """A fresh adapter's FedSGD gradient (:func:`~gleak.attacks.tokens.adapters.lora_a_is_zero`); a capture whose
+    factors do not pair with the model is left to :meth:`SparseTokens.run`, which says why in one line."""
+    try:
+        return lora_a_is_zero(lora_factors(tensors, model))
+    except GleakError:
+        return False
 
 
 def _above_storage_floor(members: list[LoraFactors], stored: Mapping[str, torch.Tensor] | None,

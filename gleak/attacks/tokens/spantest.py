@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from gleak.attacks.tokens.adapters import LoraFactors
+from gleak.attacks.tokens.adapters import LoraFactors, lora_a_is_zero
 from gleak.attacks.tokens.span import RowSpace, residuals, row_space
 from gleak.errors import GleakError
 
@@ -128,10 +128,8 @@ def lora_span(members: Sequence[LoraFactors], stored: Mapping[str, torch.Tensor]
     """The LoRA tests worth trying, in order (A first: exact and needs no global adapter; B through the global A
     when A is zero, a fresh adapter's gradient, or moved only by rounding), each a test or why it cannot be
     built."""
-    a_scale = max(float(f.a.double().abs().max()) for f in members)
-    b_scale = max(float(f.b.double().abs().max()) for f in members) or 1.0
     out: list[SpanTest | str] = []
-    if a_scale > 1e-9 * b_scale:
+    if not lora_a_is_zero(members):
         try:
             out.append(lora_a_span(members, min_gap))
         except GleakError as e:

@@ -120,26 +120,33 @@ def confirmed_cliff(fit: SparseFit, threshold: float = CLIFF, after: float = AFT
 def _confirmed(ratios: list[float], residual: float, threshold: float, after: float) -> int | None:
     best: tuple[float, int] | None = None
     for edge in range(1, len(ratios) + 1):
-        if ratios[edge - 1] > after:
-            continue
-        spent = edge == len(ratios) and residual <= 1e-12
-        later = ratios[edge:edge + 2]
-        if not spent and (len(later) < 2 or min(later) <= after):
-            continue
-        drop = 0.0 if spent else math.prod(ratios[max(0, edge - CLIFF_STEPS):edge])
-        if drop < threshold and (best is None or drop < best[0]):
+        drop = _drop_ending(ratios, edge, residual, after)
+        if drop is not None and drop < threshold and (best is None or drop < best[0]):
             best = (drop, edge)
     return best[1] if best is not None else None
 
 
+def _drop_ending(ratios: list[float], edge: int, residual: float, after: float) -> float | None:
+    """The residual's fall over the selections up to ``edge`` when ``edge`` can end a support (its step removed a
+    real share, and the two after it only noise, or the residual was spent there), else None."""
+    if ratios[edge - 1] > after:
+        return None
+    if edge == len(ratios) and residual <= 1e-12:
+        return 0.0
+    later = ratios[edge:edge + 2]
+    if len(later) < 2 or min(later) <= after:
+        return None
+    return math.prod(ratios[max(0, edge - CLIFF_STEPS):edge])
+
+
 def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_cliff: bool = True,
-              known: Sequence[int] = ()) -> SparseFit:
+              known: Sequence[int] = (), threshold: float = CLIFF) -> SparseFit:
     """Order-recursive simultaneous OMP of ``y`` [d, L] over ``dictionary``: at each step the atom a that removes the
     most residual energy, ‖Z_a‖² / p_a (Z = DᵀR its correlations with the residual, p_a its energy outside the span
     of those selected), up to ``max_atoms`` selections (and at most d − 1 with the known ones), stopping after a
-    confirmed cliff (:func:`confirmed_cliff`) when ``stop_at_cliff``. ``known`` atoms (in the support for sure, such
-    as the positions every batch uses) are selected first and are not part of ``order`` or ``ratios``. float64
-    throughout; memory O(|D|·L + d·(L + max_atoms) + chunk·d)."""
+    confirmed cliff (:func:`confirmed_cliff` at ``threshold``) when ``stop_at_cliff``. ``known`` atoms (in the
+    support for sure, such as the positions every batch uses) are selected first and are not part of ``order`` or
+    ``ratios``. float64 throughout; memory O(|D|·L + d·(L + max_atoms) + chunk·d)."""
     d = y.shape[0]
     if dictionary.dim != d:
         raise GleakError(f"the dictionary's atoms have {dictionary.dim} dimensions, the measurement {d}")
@@ -203,11 +210,14 @@ def ormp_somp(y: torch.Tensor, dictionary: Dictionary, max_atoms: int, stop_at_c
         before = after
         if stop_at_cliff and after <= 1e-12 * total:
             break
-        if stop_at_cliff and _confirmed(ratios, 1.0, CLIFF, AFTER_CLIFF) is not None:
-            break  # two steps past a cliff, and the ratios are back near 1 (confirmed_cliff)
+        if stop_at_cliff and len(ratios) > 2:
+            # only the step two back can have become the end of a support with this one
+            drop = _drop_ending(ratios, len(ratios) - 2, 1.0, AFTER_CLIFF)
+            if drop is not None and drop < threshold:
+                break  # two steps past a cliff, and the ratios are back near 1 (confirmed_cliff)
     rest = (z.square().sum(1) / energy.clamp_min(1e-12)).div_(total ** 2)
     rest[chosen] = 0.0
-    size = _confirmed(ratios, before / total, CLIFF, AFTER_CLIFF)
+    size = _confirmed(ratios, before / total, threshold, AFTER_CLIFF)
     return SparseFit(order=order, ratios=ratios, scores=scores, size=size, residual=before / total,
                      diagnostics={"columns": float(resid.shape[1]), "known": float(len(known)), "left": left},
                      rest=rest)
