@@ -127,6 +127,26 @@ def parse_assignments(items: Sequence[str], flag: str = "-O", owner_word: str = 
     return out
 
 
+def split_name_options(text: str, flag: str, syntax: str) -> tuple[str, dict[str, str]]:
+    """``"NAME:KEY=VALUE,..."`` -> ``("NAME", {"KEY": "VALUE", ...})`` (dashes in keys read as underscores);
+    malformed text is one line naming ``syntax``."""
+    name, _, rest = str(text).partition(":")
+    name = name.strip()
+    if not name:
+        raise GleakError(f"{flag} {shorten(repr(text), 60)}: expected {syntax}")
+    given: dict[str, str] = {}
+    for item in rest.split(",") if rest.strip() else []:
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key or not value.strip():
+            raise GleakError(f"{flag} {shorten(repr(text), 60)}: expected {syntax}; {shorten(repr(item), 40)} is not "
+                             "KEY=VALUE")
+        if key in given:
+            raise GleakError(f"{flag} {name}: {key} is given twice; give it once")
+        given[key] = value.strip()
+    return name, given
+
+
 def resolve_options(owner: type[Configurable], given: Mapping[str, Any],
                     sources: Mapping[str, str] | None = None, flag: str = "-O") -> TypedOptions:
     """``owner.Options`` validated from ``given`` (strings are converted; keys not given keep their defaults).

@@ -27,8 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gleak.integrations",),  # Flower / NVFlare hooks: record captures, and run audits on the server
     ("gleak.runs",),  # one run of a command: inputs -> attacks -> scores -> report
     ("gleak.attacks", "gleak.report"),
-    ("gleak.generator", "gleak.simulate", "gleak.defenses"),  # the simulated clients (images, text) apply the
-    # defenses
+    ("gleak.generator", "gleak.simulate", "gleak.defenses", "gleak.tamper"),  # the simulated clients (images, text)
+    # apply the defenses; tamper: a malicious server's crafts and the weight tests that find them
     # capture reads the last layer (models) and records the loss (losses); model_check: the model-hash check it makes
     # and the reports record (no torch, so that gleak.report.model imports without it)
     ("gleak.capture", "gleak.model_check", "gleak.metrics"),

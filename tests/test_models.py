@@ -68,7 +68,7 @@ def test_zoo_input_shapes() -> None:
     assert zoo_input_shape("zoo:lenet", image_size=32, in_channels=3) == (3, 32, 32)
     assert zoo_input_shape("resnet-cifar") == (3, 32, 32)
     assert zoo_input_shape("fcn4", input_shape=[3, 32, 32]) == (3, 32, 32)
-    assert set(ZOO) == {"lenet", "idlg-cnn", "fcn4", "mlp", "resnet-cifar"}
+    assert set(ZOO) == {"lenet", "idlg-cnn", "fcn4", "mlp", "resnet-cifar", "imprinted"}
     for entry in ZOO.values():
         assert entry.description and entry.paper
 

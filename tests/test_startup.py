@@ -118,7 +118,7 @@ def test_reconstruct_attack_errors_name_reconstruction_attacks_only(gleak, tmp_p
                                                                     fragment: str) -> None:
     r = gleak("reconstruct", CIFAR_CAPTURE, "--model", CNN, "-o", tmp_path / "out", "-a", name)
     assert r.exit_code == 2 and fragment in r.stderr, r.stderr
-    assert "Reconstruction attacks: dlg, fcn, feature, fgla, ig, rgla, or auto" in r.stderr
+    assert "Reconstruction attacks: dlg, fcn, feature, fgla, ig, imprint, rgla, trap-weights, or auto" in r.stderr
     named = r.stderr.replace(f"'{name}'", "")
     assert not [a for a in LABEL_ATTACKS if f"'{a}'" in named or f" {a}," in named]
 

@@ -15,6 +15,7 @@ from gleak import __version__
 from gleak.cli.attacks_cmd import attacks
 from gleak.cli.audit_cmd import audit
 from gleak.cli.capture_cmd import capture
+from gleak.cli.check_model_cmd import check_model
 from gleak.cli.common import GleakCommand, GleakGroup, ThreadsOpt, remember_threads
 from gleak.cli.defend_cmd import defend, defenses
 from gleak.cli.inspect_cmd import inspect
@@ -58,6 +59,7 @@ def _root(
 for _command in (inspect, attacks, defenses, simulate, capture, defend, labels, reconstruct, audit, sweep):
     app.command(cls=GleakCommand)(_command)
 app.command("train-generator", cls=GleakCommand)(train_generator)
+app.command("check-model", cls=GleakCommand)(check_model)
 
 
 def main() -> None:

@@ -96,6 +96,9 @@ def simulate(
     defense: Annotated[list[str] | None, typer.Option("--defense", help="A defense the client applies, "
                                                       "NAME[:KEY=VALUE,...] (repeatable, in order; dpsgd trains with "
                                                       "DP-SGD through Opacus; gleak defenses lists them).")] = None,
+    server: Annotated[str | None, typer.Option("--server", help="A malicious server's craft of the global model "
+                                               "first: imprint, trap-weights or fishing[:KEY=VALUE,...]; the "
+                                               "crafted model is written beside as NAME.model.safetensors.")] = None,
     no_truth: Annotated[bool, typer.Option("--no-truth", help="Do not write the ground-truth file.")] = False,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,
@@ -113,8 +116,10 @@ def simulate(
     from gleak.models.peft import parse_lora_spec
     from gleak.runs.inputs import ModelSpec
     from gleak.runs.simulate import SimulateRequest, client_config, run_simulate
+    from gleak.tamper.craft import parse_craft
 
     defenses = tuple(parse_defense(spec) for spec in defense or [])
+    crafted = None if server is None else parse_craft(server)
     config = client_config(
         batch_size=batch_size, local_steps=local_steps, scheme=scheme, learning_rate=lr, optimizer=optimizer,
         momentum=momentum, weight_decay=weight_decay, mu=mu, loss=loss, reduction=reduction, focal_gamma=focal_gamma,
@@ -125,7 +130,7 @@ def simulate(
         model=ModelSpec(path=model, arch=arch, arch_kwargs=arch_kwargs, trust_pickle=trust_pickle,
                         trust_remote_code=trust_remote_code), data=data,
         config=config, output=output, no_truth=no_truth, device=device, force=force, max_length=max_length,
-        train_mode=train_mode, peft=None if peft is None else parse_lora_spec(peft))
+        train_mode=train_mode, peft=None if peft is None else parse_lora_spec(peft), server=crafted)
     with plain_progress(not quiet):  # a long FedAvg client: a line every 30 s when stderr is not a terminal
         run = run_simulate(request)
     for notice in run.notices:  # even with --quiet: what was done to the client's data to fit the model
@@ -158,6 +163,9 @@ def _print_summary(run: SimulateRun, request: SimulateRequest) -> None:
     dp_text = describe_capture(capture.meta)
     if dp_text is not None:
         console.print(f"DP-SGD: {dp_text}", highlight=False, markup=False)
+    if run.crafted is not None and request.server is not None:
+        console.print(f"server: {request.server.describe()} in {run.crafted.layer}; the crafted global model in "
+                      f"{request.model_path}", markup=False)
     truth_path = request.truth_path
     console.print(f"wrote {request.output}" + ("" if truth_path is None else f" and {truth_path}")
                   + ("" if request.adapter_path is None else f"; the global adapter in {request.adapter_path}/"))

@@ -7,29 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from gleak.defenses.base import DEFENSES, Defense
-from gleak.errors import GleakError, shorten
-from gleak.registry import resolve_options
+from gleak.registry import resolve_options, split_name_options
 
 SYNTAX = "NAME[:KEY=VALUE,...] (e.g. clip:norm=4 or gaussian:sigma=0.01)"
 
 
 def split_spec(text: str, flag: str = "--defense") -> tuple[str, dict[str, str]]:
     """``"clip:norm=4"`` -> ``("clip", {"norm": "4"})``; malformed text is one line naming the syntax."""
-    name, _, rest = str(text).partition(":")
-    name = name.strip()
-    if not name:
-        raise GleakError(f"{flag} {shorten(repr(text), 60)}: expected {SYNTAX}")
-    given: dict[str, str] = {}
-    for item in rest.split(",") if rest.strip() else []:
-        key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or not key or not value.strip():
-            raise GleakError(f"{flag} {shorten(repr(text), 60)}: expected {SYNTAX}; {shorten(repr(item), 40)} is not "
-                             "KEY=VALUE")
-        if key in given:
-            raise GleakError(f"{flag} {name}: {key} is given twice; give it once")
-        given[key] = value.strip()
-    return name, given
+    return split_name_options(text, flag, SYNTAX)
 
 
 def build_defense(cls_or_name: str | type[Defense], given: Mapping[str, Any], flag: str = "--defense",

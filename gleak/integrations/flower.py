@@ -15,6 +15,9 @@ Message / ArrayRecord API).
   an evaluate reply without arrays into an error; a ``train`` function's mods only see training.)
 * :func:`record_batch` — the documented hook for ground truth: a client app that calls it with each batch it
   trains on gets a ``.truth.safetensors`` beside its capture (for scoring, e.g. in tests and red-team runs).
+* :class:`GleakGuardMod` — a client mod, first in ``ClientApp(mods=[GleakGuardMod(), ...])``: it checks each
+  received global model for the structures a malicious server plants (``gleak check-model``) and refuses the round
+  in one logged line, or only warns.
 * :class:`GleakAuditStrategy` — wraps any server strategy (``GleakAuditStrategy(FedAvg(...), model=...)``):
   each round it runs gleak's label attacks on every reply with that round's global weights, appends one JSON
   line per client to a log file and logs a summary line, then lets the wrapped strategy aggregate.
@@ -743,6 +746,71 @@ class GleakCaptureMod:
         return job
 
 
+GUARD_ERROR_CODE = 46  # the Error code of a round the guard refused (issue 46)
+GUARD_MODE_KEY = "gleak-guard-mode"  # run config key overriding the mod's mode: refuse, warn or off
+
+
+class GleakGuardMod:
+    """A Flower client mod that checks the received global model before local training (``gleak check-model``'s
+    weight tests; docs/methods/server.md): ``ClientApp(mods=[GleakGuardMod(), ...])``, first in the list so that
+    it runs before anything trains on or sends from the model.
+
+    On a ``train`` message whose model carries a trap structure it refuses the round: the reply is an error with
+    one short line (``gleak: model refused: GLEAK-SERVER-IMPRINT layer fc1 (...)``), logged too, and the training
+    function is never called. ``mode="warn"`` logs the line and trains; ``"off"`` checks nothing; the run config's
+    ``gleak-guard-mode`` overrides ``mode``. ``model``: the client's own model (the received arrays are loaded into
+    a copy, keys and shapes checked first); without it the arrays are read as bare matrices. An internal error of
+    the guard is logged and the round trains, unless ``fail_closed``. Evaluate messages are never refused."""
+
+    def __init__(self, mode: str = "refuse", *, model: torch.nn.Module | None = None, refuse_suspicious: bool = False,
+                 fail_closed: bool = False) -> None:
+        from gleak.integrations.guard import MODES
+
+        if mode not in MODES:
+            raise GleakError(f"GleakGuardMod mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode, self.model = mode, model
+        self.refuse_suspicious, self.fail_closed = refuse_suspicious, fail_closed
+
+    def __call__(self, msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+        from gleak.integrations.guard import MODES, guard
+
+        if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+            return call_next(msg, context)
+        mode = str(context.run_config.get(GUARD_MODE_KEY, self.mode))
+        if mode not in MODES:
+            log.warning("gleak: %s = %r is not one of %s; using %s", GUARD_MODE_KEY, mode, ", ".join(MODES), self.mode)
+            mode = self.mode
+        try:
+            sent = _single_arrays(msg)
+            if sent is None:
+                raise GleakError("the train message does not hold one ArrayRecord")
+            verdict = guard(_state(dict(sent.items())), mode, self.model,
+                            self.refuse_suspicious)
+        except Exception as e:  # the guard must not break training unless told to fail closed
+            line = f"gleak: model check failed: {shorten(f'{type(e).__name__}: {e}', 200)}"
+            log.warning(line)
+            if self.fail_closed:
+                return _error_reply(msg, line + " (fail_closed)")
+            return call_next(msg, context)
+        if verdict.refused:
+            log.warning(verdict.line())
+            return _error_reply(msg, verdict.line())
+        if verdict.hits:
+            log.warning(verdict.line())
+        return call_next(msg, context)
+
+
+def _error_reply(msg: Message, reason: str) -> Message:
+    """An error reply to ``msg`` (Message(Error, reply_to=...) where flwr has it, else create_error_reply)."""
+    from flwr.app import Error
+
+    error = Error(code=GUARD_ERROR_CODE, reason=reason)
+    try:
+        return Message(error, reply_to=msg)
+    except TypeError:  # older flwr: the reply is made from the message
+        return msg.create_error_reply(error)
+
+
 class GleakAuditStrategy(Strategy):
     """Wrap a server strategy: audit every training reply's labels with the round's global weights.
 
@@ -874,6 +942,7 @@ class GleakAuditStrategy(Strategy):
         from gleak.attacks.labels.confidence import CalibrationCache
         from gleak.models.loading import model_from_state
         from gleak.runs.audit import audit_loaded
+        from gleak.runs.audit.server import ModelChecks
 
         if server_round not in self._round:
             log.warning("gleak: round %s: no global weights recorded (configure_train was not called)", server_round)
@@ -890,9 +959,10 @@ class GleakAuditStrategy(Strategy):
         auxes = [(self.aux_path or Path("aux"), self.aux)] if self.aux is not None else []
         cache: dict[tuple[Any, ...], dict[str, Any]] = {}  # the round's model: its aux forwards, shared by replies
         calibrations = CalibrationCache()  # the round's model: calibrated once for all replies
+        checks = ModelChecks()  # the round's model: checked once for a server's structures
         def audit_labels(capture: Capture, node: str) -> dict[str, Any]:
             report, findings, _ = audit_loaded(capture, loaded, auxes, self.config, cache=cache,
-                                               calibration_cache=calibrations,
+                                               calibration_cache=calibrations, model_checks=checks,
                                                name=f"flower://round-{server_round}/node-{node}")
             return dict(status=report.status, error=report.error, batch_size=report.batch_size,
                         local_steps=report.local_steps,

@@ -1,5 +1,6 @@
 """gleak in NVFlare (the ``nvflare`` extra, ``pip install -e '.[nvflare]'`` from a clone): a DXO filter that
-writes one capture per site per round.
+writes one capture per site per round, and :class:`GleakGuardFilter`, a task-data filter that refuses a task whose
+global model carries a malicious server's trap (``gleak check-model``).
 
 Add :class:`GleakCaptureFilter` to a client's ``task_result_filters`` (Job API:
 ``job.to(GleakCaptureFilter("captures"), "site-1", filter_type=FilterType.TASK_RESULT, tasks=["train"])``):
@@ -247,3 +248,42 @@ def _round(dxo: DXO, shareable: Shareable) -> int | None:
 
 
 __all__ = ["GLOBAL_MODEL_PROP", "GleakCaptureFilter", "defense_record"]
+
+
+class GleakGuardFilter(DXOFilter):  # type: ignore[misc]  # NVFlare ships no type information
+    """Check the global model a site receives before it trains (``gleak check-model``'s weight tests;
+    docs/methods/server.md). Add it to the site's ``task_data_filters`` (Job API: ``job.to(GleakGuardFilter(),
+    "site-1", filter_type=FilterType.TASK_DATA, tasks=["train"])``).
+
+    A ``WEIGHTS`` task whose model carries a trap structure is refused: the filter raises with one short line, and
+    NVFlare answers the task with ``TASK_DATA_FILTER_ERROR`` without running the executor (``abort_job=True``
+    raises NVFlare's ``UnsafeJobError`` instead, which marks the job unsafe and ends the site's run). ``mode``:
+    ``refuse`` (default), ``warn`` (log only) or ``off``. The DXO is never changed; an internal error of the check
+    is logged and the task trains. Every argument is kept as an attribute of its own name (Job API export)."""
+
+    def __init__(self, mode: str = "refuse", refuse_suspicious: bool = False, abort_job: bool = False) -> None:
+        from gleak.integrations.guard import MODES
+
+        super().__init__(supported_data_kinds=[DataKind.WEIGHTS], data_kinds_to_filter=[DataKind.WEIGHTS])
+        if mode not in MODES:
+            raise GleakError(f"GleakGuardFilter mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode, self.refuse_suspicious, self.abort_job = mode, refuse_suspicious, abort_job
+
+    def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
+        from gleak.integrations.guard import guard
+
+        try:
+            verdict = guard(_tensors(dxo.data), self.mode, None, self.refuse_suspicious)
+        except Exception as e:  # the check must never break a task by itself
+            self.log_warning(fl_ctx, f"gleak: model check failed: {shorten(f'{type(e).__name__}: {e}', 200)}")
+            return None
+        if verdict.refused:
+            self.log_error(fl_ctx, verdict.line())
+            if self.abort_job:
+                from nvflare.apis.fl_exception import UnsafeJobError
+
+                raise UnsafeJobError(verdict.line())
+            raise GleakError(verdict.line())
+        if verdict.hits:
+            self.log_warning(fl_ctx, verdict.line())
+        return None

@@ -287,6 +287,32 @@ class ZooEntry:
         return {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
 
 
+class Imprinted(nn.Module):
+    """A zoo model behind a malicious server's inserted block (Fowl et al., ICLR 2022, "Robbing the Fed"; Boenisch
+    et al., EuroS&P 2023): Flatten → Linear(N, rows) → ReLU → Linear(rows, N), its output added to the input, then
+    the model. Only the shape lives here: gleak.tamper.craft writes the weights that make it a trap. It exists so
+    that gleak can simulate and check the attacks' published form, which changes the architecture."""
+
+    def __init__(self, base: str = "lenet", base_kwargs: Mapping[str, Any] | None = None, rows: int = 64) -> None:
+        super().__init__()
+        if str(base).removeprefix("zoo:") == "imprinted":
+            raise GleakError("an imprinted model cannot wrap another one")
+        kwargs = dict(base_kwargs or {})
+        self.shape = zoo_input_shape(base, **kwargs)
+        size = math.prod(self.shape)
+        self.block = nn.Sequential(nn.Flatten(), nn.Linear(size, _positive_int(rows, "rows")), nn.ReLU(),
+                                   nn.Linear(int(rows), size))
+        self.model = build_zoo_model(base, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model(x + self.block(x).view_as(x))
+        return out
+
+
+def _wrapped_shape(kwargs: Mapping[str, Any]) -> tuple[int, ...]:
+    return zoo_input_shape(str(kwargs.get("base", "lenet")), **dict(kwargs.get("base_kwargs") or {}))
+
+
 def _image_shape(channels: int, size: int) -> Callable[[Mapping[str, Any]], tuple[int, ...]]:
     def shape(kwargs: Mapping[str, Any]) -> tuple[int, ...]:
         c, s = kwargs.get("in_channels", channels), kwargs.get("image_size", size)
@@ -336,6 +362,14 @@ ZOO: dict[str, ZooEntry] = {
             "CIFAR ResNet (depth 6n+2, 16/32/64 channels, projection shortcuts)",
             "He et al., Deep Residual Learning for Image Recognition, CVPR 2016",
             _image_shape(3, 32),
+        ),
+        ZooEntry(
+            "imprinted",
+            Imprinted,
+            "a zoo model (base, base_kwargs) behind an inserted block of `rows` neurons: a malicious server's "
+            "imprint or trap-weight layer, as gleak simulate --server writes it",
+            "Fowl et al., Robbing the Fed, ICLR 2022; Boenisch et al., When the Curious Abandon Honesty, EuroS&P 2023",
+            _wrapped_shape,
         ),
     )
 }

@@ -196,7 +196,7 @@ class CaptureReport(_Model):
                                                    "(rate, chance, kappa, interval, predicted, twins, n, attack)")
     seconds: float = 0.0
     stage_seconds: dict[str, float] | None = Field(None, description="where the time went: load (files, hashes), "
-                                                   "context, labels, reconstruction")
+                                                   "context, model_check (the server-structure check), labels, reconstruction")
     tokens: list[TokenResult] | None = Field(None, description="a language model's capture: the token attacks' "
                                              "results (token ids, counts and scores; never decoded text: the audit "
                                              "has no --show-text); absent for other captures")
@@ -740,6 +740,50 @@ class InspectReport(CommandReport):
     last_layer: LastLayerInfo
 
 
+class ServerFinding(_Model):
+    """A structure of a crafted global model found in one layer (``gleak check-model``)."""
+
+    rule: str = Field(description="stable finding type, e.g. GLEAK-SERVER-IMPRINT")
+    tier: Literal["trap", "suspicious"] = Field(description="trap: a structure honest models do not have (exit 1); "
+                                                "suspicious: an outlier, reported")
+    layer: str
+    title: str
+    metric: str
+    measured: float
+    threshold: float
+    null: str = Field(description="what honest models give for the same statistic")
+
+
+class ProbeResult(_Model):
+    """``check-model --data``: how many of the client's probe examples a server could copy exactly from the model's
+    first layer (the leak census), or why it was not measured."""
+
+    data: str
+    batch: int
+    layer: str | None = None
+    copied: int | None = Field(None, description="probe examples recovered exactly (relative error ≤ 1e-3)")
+    share: float | None = Field(None, description="copied / batch: what an analytic server extracts")
+    reason: str | None = Field(None, description="why nothing was measured (one line)")
+
+
+class CheckModelReport(CommandReport):
+    """``gleak check-model``: whether a global model carries a malicious server's structures."""
+
+    report: Literal["check-model"] = "check-model"
+    model: str
+    sha256: str
+    source: str = Field(description="how the weights were read (format, architecture)")
+    verdict: Literal["clean", "suspicious", "flagged"] = Field(description="flagged: at least one trap; clean "
+                                                              "means none of the tests found a structure, never "
+                                                              "that the model is safe")
+    layers: int = Field(description="weighted layers tested")
+    parameters: int
+    seconds: float
+    findings: list[ServerFinding]
+    probe: ProbeResult | None = Field(None, description="with --data: the leak census on the client's examples")
+    notes: list[str] = Field(default_factory=list, description="what was not checked, and why")
+
+
 class ErrorDetail(_Model):
     message: str = Field(description="the one-line error, as on stderr")
     exit_code: int = Field(description="the command's exit status (2: bad input or configuration)")
@@ -979,7 +1023,8 @@ class SweepReport(CommandReport):
 
 
 REPORTS: tuple[type[BaseModel], ...] = (Report, LabelsReport, TokensReport, TextReport, ReconstructReport,
-                                        InspectReport, SweepReport, TrainGeneratorReport, ErrorReport)
+                                        InspectReport, SweepReport, TrainGeneratorReport, CheckModelReport,
+                                        ErrorReport)
 
 
 def json_schema() -> dict[str, Any]:
@@ -990,8 +1035,8 @@ def json_schema() -> dict[str, Any]:
         "$id": f"https://gleak.invalid/report/v{SCHEMA_VERSION}/schema.json",
         "title": "gleak report",
         "description": "A JSON document gleak writes: the audit, labels, tokens (labels on a language model's "
-                       "capture), reconstruct, inspect, sweep or train-generator report, or the error of a command run "
-                       "with --format json (the key 'report' names which).",
+                       "capture), reconstruct, inspect, sweep, train-generator or check-model report, or the error of "
+                       "a command run with --format json (the key 'report' names which).",
         "oneOf": [{"$ref": f"#/$defs/{m.__name__}"} for m in REPORTS],
         "$defs": defs["$defs"],
     }

@@ -52,7 +52,11 @@ class ReconProgress:
 
 
 def auto_attack(ctx: Context) -> str:
-    """The automatic choice: fcn where it applies (analytic, exact), else feature for one example, else ig."""
+    """The automatic choice: imprint or trap-weights where the global model carries one (a malicious server's:
+    exact at any batch size), fcn where it applies (analytic, exact), else feature for one example, else ig."""
+    for trap in ("imprint", "trap-weights"):
+        if get_attack(trap).not_applicable(ctx) is None:
+            return trap
     if get_attack("fcn").not_applicable(ctx) is None:
         return "fcn"
     return "feature" if ctx.batch_size == 1 else "ig"

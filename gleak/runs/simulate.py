@@ -15,10 +15,12 @@ from gleak.io import OutputSet, check_writable
 from gleak.losses import LossSpec
 from gleak.metrics.labels import truth_counts
 from gleak.models import LoadedModel, load_model, load_tokenizer
+from gleak.models.loading import save_model
 from gleak.models.peft import LoraAdapter, LoraSpec, adapter_path_for, check_adapter_writable, save_adapter
 from gleak.runs.inputs import ModelSpec, check_model_fits_data, resolve_device
 from gleak.simulate.images import ClientConfig, simulate_client
 from gleak.simulate.text import TextClientOptions, simulate_lora_client, simulate_text_client
+from gleak.tamper.craft import Craft, Crafted, input_linear, insert_block
 
 
 def client_config(*, batch_size: int, local_steps: int, scheme: str | None, learning_rate: float, optimizer: str,
@@ -81,10 +83,20 @@ class SimulateRequest:
     max_length: int | None = None  # text: truncate each example to this many tokens
     train_mode: bool | None = None  # None: train mode for images, eval mode for text (ClientConfig.train_mode unused)
     peft: LoraSpec | None = None  # text: train a fresh LoRA adapter only; its global adapter is written beside
+    server: Craft | None = None  # a malicious server's craft of the global model (written beside as NAME.model)
 
     @property
     def truth_path(self) -> Path | None:
         return None if self.no_truth else truth_path_for(self.output)
+
+    @property
+    def model_path(self) -> Path | None:
+        """``NAME.model.safetensors``: the global model the server crafted (with ``server`` only)."""
+        if self.server is None:
+            return None
+        name = self.output.name
+        stem = name[: -len(".safetensors")] if name.endswith(".safetensors") else self.output.stem
+        return self.output.with_name(stem + ".model.safetensors")
 
     @property
     def adapter_path(self) -> Path | None:
@@ -100,6 +112,7 @@ class SimulateRun:
     truth: Truth | TextTruth
     written: list[Path]
     adapter: LoraAdapter | None = None  # with --peft: the global adapter, written to SimulateRequest.adapter_path
+    crafted: Crafted | None = None  # with --server: the crafted global model, written to SimulateRequest.model_path
     notices: list[str] = field(default_factory=list)  # text: what fitting the model took (truncation, the pad used)
 
     @property
@@ -124,6 +137,8 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
         check_writable(truth_path, request.force)
     if request.adapter_path is not None:
         check_adapter_writable(request.adapter_path, request.force)
+    if request.model_path is not None:
+        check_writable(request.model_path, request.force)
     m = request.model
     if m.path is None:
         raise GleakError("simulate needs the global model (--model)")
@@ -132,6 +147,9 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
     truth: Truth | TextTruth
     adapter: LoraAdapter | None = None
     notices: list[str] = []
+    crafted = _craft(request, loaded)
+    if crafted is not None:
+        loaded = replace(loaded, module=crafted.model)
     if loaded.metadata.get("gleak.modality") == "text" or is_text_data(request.data):
         capture, truth, adapter = _simulate_text(request, loaded, notices)
     else:
@@ -153,12 +171,32 @@ def run_simulate(request: SimulateRequest) -> SimulateRun:
                 save_text_truth(truth, out.path(truth_path.name), capture_path=bound, force=request.force)
             else:
                 save_truth(truth, out.path(truth_path.name), capture_path=bound, force=request.force)
+        if crafted is not None and request.model_path is not None:
+            save_model(crafted.model, out.path(request.model_path.name), crafted.arch, crafted.arch_kwargs,
+                       force=request.force)
         if adapter is not None and request.adapter_path is not None:  # a folder: written whole, before the files
             save_adapter(request.adapter_path, adapter.config, adapter.tensors, force=request.force)
         written = out.commit()
     if request.adapter_path is not None:
         written.append(request.adapter_path)
-    return SimulateRun(capture, truth, written, adapter, notices)
+    return SimulateRun(capture, truth, written, adapter, notices=notices, crafted=crafted)
+
+
+def _craft(request: SimulateRequest, loaded: LoadedModel) -> Crafted | None:
+    """The server's craft of the global model (``--server``), or None; refused in one line for models it cannot
+    write back (no architecture) or read (language models)."""
+    if request.server is None:
+        return None
+    if loaded.metadata.get("gleak.modality") == "text" or is_text_data(request.data):
+        raise GleakError("--server crafts image models (imprint, trap weights, fishing); this is a language model")
+    if loaded.arch is None:
+        raise GleakError("--server writes the crafted global model as safetensors with its architecture: give a "
+                         "zoo model file, or safetensors weights with --arch")
+    craft, module, arch, kwargs = request.server, loaded.module, loaded.arch, dict(loaded.arch_kwargs)
+    if craft.input_layer and input_linear(module) is None:
+        module, arch, kwargs = insert_block(module, arch, kwargs, craft.rows())
+    crafted = craft.apply(module, request.config.seed)
+    return replace(crafted, arch=arch, arch_kwargs=kwargs)
 
 
 def _simulate_text(request: SimulateRequest, loaded: LoadedModel, notices: list[str]

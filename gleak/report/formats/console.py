@@ -20,6 +20,7 @@ from gleak.report.formats.text import fmt_number
 from gleak.report.model import (
     AttackInfo,
     CaptureReport,
+    CheckModelReport,
     DefenseInfo,
     ImageMetrics,
     InspectReport,
@@ -339,6 +340,14 @@ def print_reconstruct(console: Console, report: ReconstructReport, written: Sequ
     threads = f"{report.threads} thread{'s' if report.threads != 1 else ''}"
     console.print(f"time {report.seconds:.1f} s on {threads}{work}{speed}"
                   + (f", final loss {d['loss']:.3e}" if "loss" in d else ""), soft_wrap=True)
+    if "bins_with_examples" in d:  # the imprint attack: what the bins held
+        console.print(f"imprint {d['layer']}: {d['bins_with_examples']} of {d['bins']} bins held examples"
+                      + (f", {d['blank']} example(s) left blank (they shared bins)" if d.get("blank") else ""),
+                      soft_wrap=True)
+    if "agreeing" in d:  # the trap-weights attack
+        console.print(f"trap weights {d['layer']}: {d['candidates']} candidate(s), {d['agreeing']} given by two or "
+                      "more rows" + (f", {d['blank']} example(s) left blank" if d.get("blank") else ""),
+                      soft_wrap=True)
     o = report.output_scores
     if o:
         parts = []
@@ -377,6 +386,10 @@ def _print_image_scores(console: Console, report: ReconstructReport, m: ImageMet
     mean = m.mean
     table.add_row("[bold]mean[/]", fmt_number(mean.psnr, 2), fmt_number(mean.ssim, 4), fmt_number(mean.lpips, 4))
     console.print(table)
+    if "bins_with_examples" in report.diagnostics or "agreeing" in report.diagnostics:
+        copies = sum(1 for p in m.psnr if p is not None and p >= EXACT_DB)
+        console.print(f"[bold]{copies} of {len(m.psnr)}[/] images came back exactly (PSNR ≥ {EXACT_DB:g} dB)",
+                      soft_wrap=True)
     if m.lpips is None:
         console.print(f"[yellow]LPIPS not computed:[/] {m.lpips_info.get('unavailable')}", soft_wrap=True)
     ident = report.identification
@@ -746,3 +759,41 @@ def print_attacks(console: Console, rows: Sequence[AttackInfo]) -> None:
                       f"{escape(r.summary)}\n[dim]{escape(r.paper)}[/]{options}")
     console.print(table)
     console.print("[dim]set an option with -O ATTACK.KEY=VALUE (gleak labels, gleak reconstruct)[/]")
+
+
+EXACT_DB = 40.0  # a copy of the example, not a likeness: float32 rounding of an exact inversion sits far above
+
+VERDICT_STYLE = {"clean": "green", "suspicious": "yellow", "flagged": "bold red"}
+
+
+def print_check_model(console: Console, report: CheckModelReport) -> None:
+    """`gleak check-model`: the verdict, one row per finding (layer, structure, statistic against threshold and
+    the honest value), and what was not checked."""
+    style = VERDICT_STYLE[report.verdict]
+    console.print(f"[{style}]{report.verdict.upper()}[/]  {escape(report.model)}  "
+                  f"[dim]({escape(report.source)}; {report.layers} layers, {report.parameters:,} parameters, "
+                  f"{report.seconds:.1f} s)[/]")
+    if report.findings:
+        table = Table(title="Structures a malicious server plants (GLEAK-SERVER-*)", title_justify="left")
+        for column in ("tier", "finding", "layer", "measured (threshold)"):
+            table.add_column(column, overflow="fold")
+        for f in report.findings:
+            table.add_row(f"[{'red' if f.tier == 'trap' else 'yellow'}]{f.tier}[/]",
+                          escape(f.rule.removeprefix("GLEAK-SERVER-")), escape(f.layer),
+                          f"{fmt_number(f.measured, 3, trim=True)} {escape(f.metric)} "
+                          f"({fmt_number(f.threshold, 3, trim=True)})")
+        console.print(table)
+        for f in report.findings:
+            console.print(f"  - {escape(f.title)} [dim](honest models: {escape(f.null)})[/]")
+    else:
+        console.print("No structure of the known server attacks was found (this is not proof that the model is "
+                      "safe).")
+    p = report.probe
+    if p is not None:
+        if p.reason:
+            console.print(f"data test on {escape(p.data)}: not measured ({escape(p.reason)})")
+        else:
+            console.print(f"data test on {escape(p.data)}: a server could copy [bold]{p.copied} of {p.batch}[/] of "
+                          f"your examples exactly from {escape(p.layer or '')} (share {p.share:.2f})")
+    for note in report.notes:
+        console.print(f"[dim]note: {escape(note)}[/]")

@@ -370,7 +370,7 @@ def _rule_severities(report: Report) -> dict[str, Severity]:
 
 
 def _rule(rule_id: str, severity: Severity) -> dict[str, Any]:
-    info = RULES.get(rule_id) or _generic_rule(rule_id)
+    info = RULES.get(rule_id) or SERVER_RULES.get(rule_id) or _generic_rule(rule_id)
     return {
         "id": rule_id,
         "name": info.name,
@@ -426,7 +426,8 @@ def build(report: Report) -> dict[str, Any]:
     rule_ids = list(RULES)
     rule_ids += sorted({f.rule for f in report.findings} - set(RULES))
     index = {rule_id: i for i, rule_id in enumerate(rule_ids)}
-    rules = [_rule(r, severities.get(r) or (RULES.get(r) or _generic_rule(r)).default_severity) for r in rule_ids]
+    rules = [_rule(r, severities.get(r) or (RULES.get(r) or SERVER_RULES.get(r) or _generic_rule(r)).default_severity)
+             for r in rule_ids]
 
     results: list[dict[str, Any]] = []
     for capture in report.captures:
@@ -473,3 +474,78 @@ def build(report: Report) -> dict[str, Any]:
 def render(report: Report, out_dir: Path | None = None) -> str:
     """The SARIF log as indented JSON (ASCII: undecodable file names stay writable)."""
     return json.dumps(build(report), indent=1, allow_nan=False) + "\n"
+
+
+_SERVER_HELP = (
+    "## What to do\n\n"
+    "- **Do not train on this model.** A client that trains on it sends back an update from which the server can "
+    "read training examples exactly, whatever the batch size and even under secure aggregation.\n"
+    "- **Load received weights into your own architecture with a strict key and shape check**, and run "
+    "`gleak check-model` on every round's model (the Flower guard does this before local training).\n"
+    "- **Ask the federation's operator** why the model carries this structure; honest initialisation and "
+    "training do not produce it.\n")
+
+SERVER_RULES: dict[str, RuleInfo] = {
+    rule: RuleInfo(name=name, short=short, full=full,
+                   help_markdown=f"# {short} ({rule})\n\n{full}\n\n{_SERVER_HELP}", default_severity="critical")
+    for rule, name, short, full in (
+        ("GLEAK-SERVER-ARCHITECTURE", "TamperedArchitecture", "The global model does not fit the client's "
+         "architecture.", "Tensors were added, removed or reshaped: the published forms of Robbing the Fed (Fowl "
+         "et al., ICLR 2022), trap weights (Boenisch et al., EuroS&P 2023) and LOKI insert a layer before the "
+         "model that copies inputs into its gradient."),
+        ("GLEAK-SERVER-IMPRINT", "ImprintLayer", "A layer's rows read one direction (an imprint).",
+         "Many rows of one layer are (near-)copies of one measurement vector, as in Robbing the Fed's imprint "
+         "layer: each row fires above its own threshold, and the difference of adjacent rows' gradients is a "
+         "training example."),
+        ("GLEAK-SERVER-CONSTANT-ROWS", "ConstantRows", "A layer holds rows of one constant value.",
+         "Rows whose entries are all equal: class fishing's target rows (Wen et al., ICML 2022), averaging "
+         "imprints, and the equal-weight connections behind imprint layers."),
+        ("GLEAK-SERVER-TRAP-WEIGHTS", "TrapWeights", "A layer holds trap weights.",
+         "Each row pairs every negative weight with a scaled positive copy (Boenisch et al., EuroS&P 2023), so "
+         "the row fires for few inputs and its gradient is one training example."),
+        ("GLEAK-SERVER-INPUT-PASSING", "InputPassing", "A layer passes its input through.",
+         "A convolution kernel or matrix that copies one input (Dirac kernels, identities, shifts), as the deep "
+         "placements of imprint attacks and Decepticons use to carry the input to a trap."),
+        ("GLEAK-SERVER-EXTREME-BIAS", "ExtremeBias", "A layer's biases are far outside its scale.",
+         "Biases tens to thousands of times the layer's weight scale: class fishing sets every other class's "
+         "bias to 1000 so that only the target's examples send gradient into the model."),
+        ("GLEAK-SERVER-EXACT-LEAK", "ExactLeak", "A server can copy your examples exactly from this model.",
+         "Measured on your own examples before training: the share of a probe batch that the gradient of the "
+         "model's first layer gives away exactly (one neuron or one pair of adjacent imprint rows per example)."),
+        ("GLEAK-SERVER-ZEROED-EMBEDDING", "ZeroedEmbedding", "An embedding's leading columns are zero.",
+         "Columns of a token or position embedding set to zero in every row, freed to carry a measurement "
+         "(Decepticons, Fowl et al., ICLR 2023)."),
+    )
+}
+TIER_LEVEL = {"trap": "error", "suspicious": "warning"}
+
+
+def build_check(report: Any) -> dict[str, Any]:
+    """The SARIF log of a ``gleak check-model`` report: one rule per finding type, one result per finding,
+    located at the model file."""
+    rule_ids = sorted({f.rule for f in report.findings})
+    index = {r: i for i, r in enumerate(rule_ids)}
+    uri = artifact_uri(report.model)
+    rules = []
+    for r in rule_ids:
+        info = SERVER_RULES.get(r) or _generic_rule(r)
+        rules.append({"id": r, "name": info.name, "shortDescription": {"text": info.short},
+                      "fullDescription": {"text": info.full}, "defaultConfiguration": {"level": "error"},
+                      "help": {"text": _markdown_to_text(info.help_markdown), "markdown": info.help_markdown},
+                      "properties": {"tags": ["security", "privacy", "malicious-server"], "precision": "high",
+                                     "security-severity": SECURITY_SEVERITY["critical"]}})
+    results = [{
+        "ruleId": f.rule, "ruleIndex": index[f.rule], "level": TIER_LEVEL[f.tier],
+        "message": {"text": f"{f.title} ({f.metric} {_fmt(f.measured)}, threshold {_fmt(f.threshold)}; honest: "
+                            f"{f.null}) [{f.tier}]."},
+        "locations": [_location(uri)],
+        "partialFingerprints": _fingerprint(f"{f.rule}\0{f.layer}", uri),
+        "properties": {"tier": f.tier, "layer": f.layer, "metric": f.metric, "measured": _finite(f.measured),
+                       "threshold": _finite(f.threshold)},
+    } for f in report.findings]
+    run = {"tool": {"driver": {"name": "gleak", "fullName": "gleak: gradient leakage audit for federated learning",
+                               "version": report.gleak_version, "semanticVersion": report.gleak_version,
+                               "rules": rules}},
+           "invocations": [{"executionSuccessful": True}], "columnKind": "unicodeCodePoints", "results": results,
+           "properties": {"verdict": report.verdict}}
+    return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}

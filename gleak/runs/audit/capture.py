@@ -30,6 +30,7 @@ from gleak.report.privacy import terms_of
 from gleak.runs.audit.coverage import image_coverage, label_coverage, not_assessed_findings
 from gleak.runs.audit.expected import expected_images, not_expected_reason
 from gleak.runs.audit.findings import expected_image_finding, image_finding, label_findings, notices_for
+from gleak.runs.audit.server import ModelChecks, server_findings
 from gleak.runs.audit.setup import (
     FORWARD_CACHE_ENTRIES,
     STANDARD_ITERATIONS,
@@ -78,6 +79,7 @@ def audit_capture(path: Path, models: ModelSet, auxes: Sequence[tuple[Path, Data
     report.stage_seconds = {"load": round(time.perf_counter() - started, 6)}
     return audit_loaded(capture, loaded, auxes, config, truth, out_dir, report=report, started=started,
                         cache=models.forward_cache, calibration_cache=models.calibration_cache,
+                        model_checks=models.model_checks,
                         model_folder=model_path if text else None)
 
 
@@ -88,6 +90,7 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
                  cache: dict[tuple[Any, ...], dict[str, Any]] | None = None,
                  calibration_cache: CalibrationCache | None = None,
                  model_folder: Path | None = None,
+                 model_checks: ModelChecks | None = None,
                  ) -> CaptureResult:
     """Audit a capture already in memory against its model (e.g. an update a server just received, from
     :mod:`gleak.integrations.flower`); ``name`` labels it in the report. Bad input becomes an error entry.
@@ -107,13 +110,14 @@ def audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Pa
     # the budget's time counts from when this capture was opened (``started``)
     with running(budget_deadline(config.budget, config.time_limit, time.perf_counter() - started)):
         return _audit_loaded(capture, loaded, auxes, config, truth, out_dir, name, report, started, cache,
-                             calibration_cache, model_folder)
+                             calibration_cache, model_folder, model_checks)
 
 
 def _audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[Path, Dataset | TextData]],
                   config: AuditConfig, truth: Truth | TextTruth | None, out_dir: Path | None, name: str | None,
                   report: CaptureReport | None, started: float, cache: dict[tuple[Any, ...], dict[str, Any]] | None,
-                  calibration_cache: CalibrationCache | None, model_folder: Path | None) -> CaptureResult:
+                  calibration_cache: CalibrationCache | None, model_folder: Path | None,
+                  model_checks: ModelChecks | None) -> CaptureResult:
     label = str(capture.path) if name is None and capture.path is not None else (name or "<in memory>")
     report = report or CaptureReport(capture=FileRef(path=label), round=capture.get("gleak.fl.round"),
                                      client=capture.get("gleak.fl.client_id"),
@@ -133,8 +137,10 @@ def _audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[P
             check_token_batch_fits(truth.input_ids, truth.attention_mask, ctx.text_model.vocab_size,
                                    ctx.text_model.n_positions, "the ground truth")
         if ctx.text_model is not None or isinstance(truth, TextTruth):
-            return _audit_text(ctx, truth, config, report, started, stages, mark, model_folder,
+            text = _audit_text(ctx, truth, config, report, started, stages, mark, model_folder,
                                pick_text_aux(auxes))
+            model = report.model.path if report.model else loaded.source
+            return text[0], server_findings(loaded, path, model, model_checks) + text[1], text[2]
         aux = pick_aux(auxes, ctx.input_shape, ctx.num_classes)
         if aux is not None:
             ctx = ctx.with_aux(aux[1], _shared_forwards(cache, loaded, aux, ctx))
@@ -145,6 +151,9 @@ def _audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[P
     except GleakError as e:
         return _error(report, e, started), [], notices
     stages["context"] = round(time.perf_counter() - mark, 6)
+    mark = time.perf_counter()
+    findings = server_findings(loaded, path, report.model.path if report.model else loaded.source, model_checks)
+    stages["model_check"] = round(time.perf_counter() - mark, 6)
     mark = time.perf_counter()
     report.kind, report.batch_size, report.local_steps = ctx.kind, ctx.batch_size, ctx.local_steps
     report.num_classes, report.last_layer = ctx.num_classes, ctx.layer.name
@@ -175,7 +184,7 @@ def _audit_loaded(capture: Capture, loaded: LoadedModel, auxes: Sequence[tuple[P
         report.attacks.append(_entry(result, "labels", dict(result.scores) if result.scores is not None else None))
         if result.status == "not_applicable":
             report.skipped.append(f"{result.attack}: {result.reason}")
-    findings = label_findings(report, config.thresholds)
+    findings += label_findings(report, config.thresholds)
     stages["labels"] = round(time.perf_counter() - mark, 6)
     mark = time.perf_counter()
     name, bounds, skipped = reconstruction_plan(ctx, config.budget)
@@ -256,7 +265,7 @@ def reconstruction_plan(ctx: Context, budget: str) -> tuple[str | None, dict[str
     reconstruct`` (:func:`gleak.runs.reconstruct.auto_attack`), analytic only for ``quick``, bounded iterations
     for ``standard``, the attack's defaults for ``full``."""
     name = auto_attack(ctx)
-    if name == "fcn":
+    if name in ("imprint", "trap-weights", "fcn"):  # analytic and exact: every budget runs them
         return name, {}, None
     if budget == "quick":
         return None, {}, ("reconstruction skipped (budget quick: analytic attacks only; fcn does not apply: "

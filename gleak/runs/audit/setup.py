@@ -20,6 +20,7 @@ from gleak.data.text import TextData
 from gleak.errors import GleakError, Origin
 from gleak.io import probe_input, safetensors_kind, show
 from gleak.models import LoadedModel, is_text_model_dir, load_model
+from gleak.runs.audit.server import ModelChecks
 from gleak.runs.inputs import memory_limit
 from gleak.settings.audit import AuditSettings
 from gleak.settings.values import BUDGETS, EXECUTORS, FAIL_ON, FAIL_ROUNDS_EXPECTED, normal_fail_rounds
@@ -206,6 +207,8 @@ class ModelSet:
     # the label attacks' calibrations shared by every capture of the audit (bounded: its own limit)
     calibration_cache: CalibrationCache = field(default_factory=CalibrationCache, repr=False)
     hashes: HashCache = field(default_factory=HashCache, repr=False)  # files already hashed (this run's own)
+    # the check of each model for a malicious server's structures, done once per model (bounded: its own limit)
+    model_checks: ModelChecks = field(default_factory=ModelChecks, repr=False)
     files: list[Path] = field(default_factory=list)
     config: AuditConfig | None = None
     cache_size: int = AuditSettings.model_fields["model_cache"].default
