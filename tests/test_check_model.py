@@ -251,6 +251,9 @@ def test_data_test_counts_what_a_server_copies(gleak, tmp_path: Path) -> None:
     assert lenet["probe"]["reason"].startswith("the model's first layer is not linear")
     bare = gleak("check-model", honest, "--data", MNIST)
     assert bare.exit_code == 2 and "architecture" in bare.stderr
+    three = save(build_zoo_model("mlp", num_classes=3), tmp_path / "three.safetensors")  # digits 3–9 do not fit
+    wrong = gleak("check-model", three, "--arch", "mlp", "--arch-kwargs", '{"num_classes": 3}', "--data", MNIST)
+    assert wrong.exit_code == 2 and "cannot run on" in wrong.stderr and len(wrong.stderr.strip().splitlines()) == 1
 
 
 def test_every_model_format_is_read(gleak, tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ def test_the_shared_aux_forwards_give_the_same_results_as_fresh_ones() -> None:
     alone = [audit_capture(p, ModelSet.load([LENET], config), auxes, config) for p in captures]
     assert [_counts(r) for r in together] == [_counts(r) for r in alone]
     assert len(shared.forward_cache) == 1  # one model, one aux set, one forward mode: computed once
-    assert all(r[0].stage_seconds and set(r[0].stage_seconds) == {"load", "context", "model_check", "labels", "reconstruction"}
-               for r in together)
+    stages = {"load", "context", "model_check", "labels", "reconstruction"}
+    assert all(r[0].stage_seconds and set(r[0].stage_seconds) == stages for r in together)
 
 
 def test_executor_and_address_mistakes_are_one_line_and_exit_2(gleak) -> None:

@@ -196,7 +196,8 @@ class CaptureReport(_Model):
                                                    "(rate, chance, kappa, interval, predicted, twins, n, attack)")
     seconds: float = 0.0
     stage_seconds: dict[str, float] | None = Field(None, description="where the time went: load (files, hashes), "
-                                                   "context, model_check (the server-structure check), labels, reconstruction")
+                                                   "context, model_check (the server-structure check), labels, "
+                                                   "reconstruction")
     tokens: list[TokenResult] | None = Field(None, description="a language model's capture: the token attacks' "
                                              "results (token ids, counts and scores; never decoded text: the audit "
                                              "has no --show-text); absent for other captures")

@@ -59,7 +59,11 @@ def _probe(loaded: LoadedModel, data: Path, size: int, seed: int) -> tuple[Probe
     check_model_fits_data(loaded, dataset)
     pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:size]
     inputs, labels = dataset.batch(pick)  # model-ready: normalised as the data file says
-    found = exact_leaks(loaded.module, inputs, labels)
+    try:
+        found = exact_leaks(loaded.module, inputs, labels)
+    except (RuntimeError, IndexError, ValueError) as exc:  # shapes or classes that do not fit the model
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise GleakError(f"the model cannot run on {data}'s examples: {first}") from None
     if isinstance(found, str):
         return ProbeResult(data=str(data), batch=len(pick), reason=found), []
     result = ProbeResult(data=str(data), batch=found.batch, layer=found.layer, copied=found.copied,
