@@ -273,3 +273,30 @@ def test_every_model_format_is_read(gleak, tmp_path: Path) -> None:
     folder = tmp_path / "gpt2"
     gpt2(d=64, vocab=300).save_pretrained(folder)
     assert gleak("check-model", folder).exit_code == 0
+
+
+def test_large_and_coherent_matrices_are_checked_without_false_alarm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The projected search for parallel rows (K²·n past its bound, lowered here to keep the test small) finds a
+    planted imprint and falls back to exact cosines on a coherent block (one candidate pair per row pair past
+    MAX_PAIRS); a bare state dict's output head, as many rows as the token embedding, is read as tokens
+    (collapsed rare tokens are not an imprint)."""
+    from gleak.tamper import structure
+    from gleak.tamper.views import LayerView, tensor_views
+
+    monkeypatch.setattr(structure, "PROJECT_ABOVE", 1e6)
+    monkeypatch.setattr(structure, "MAX_PAIRS", 1000)
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(1500, 300, generator=gen)
+    wide[100:164] = wide[5]  # 64 identical rows
+    hit = check_views([LayerView("wide", "dense", wide, None, 0)])
+    assert [h.rule for h in hit] == ["GLEAK-SERVER-IMPRINT"] and hit[0].rows == 65
+    coherent = torch.randn(1, 300, generator=gen) + 0.3 * torch.randn(1500, 300, generator=gen)  # cos ≈ 0.92
+    assert check_views([LayerView("coherent", "dense", coherent, None, 0)]) == []
+    coherent[:8] = coherent[9]  # and a cluster inside it, found on the exact fallback
+    assert [h.rule for h in check_views([LayerView("coherent", "dense", coherent, None, 0)])] == [
+        "GLEAK-SERVER-IMPRINT"]
+    vocab = torch.randn(3000, 64, generator=gen)
+    vocab[2000:] = vocab[1999]  # a thousand rare tokens collapsed onto one row
+    state = {"model.embed_tokens.weight": vocab.clone(), "lm_head.weight": vocab.clone(),
+             "model.layers.0.mlp.up_proj.weight": torch.randn(128, 64, generator=gen)}
+    assert check_views(list(tensor_views(state))) == []

@@ -43,6 +43,7 @@ ZERO_COLUMNS = 4
 GRAM_CHUNK = 1024
 PROJECT_ABOVE = 2e10  # K²·n flops above which rows are first projected to PROJECTED dims to find candidates
 PROJECTED = 128
+MAX_PAIRS = 1 << 20  # candidate pairs of one block checked one by one; past it the block's exact cosines are computed
 MAX_LISTED = 5  # tensors named in an architecture finding
 
 
@@ -88,7 +89,13 @@ def _neighbours(unit: torch.Tensor, levels: tuple[float, ...]) -> list[torch.Ten
     small = small / small.norm(dim=1, keepdim=True).clamp_min(1e-300)
     for start in range(0, k, GRAM_CHUNK):
         block = small[start:start + GRAM_CHUNK] @ small.T
-        pairs = (block >= low - 0.3).nonzero()  # projected cosines spread by ~1/√PROJECTED around the true ones
+        near = block >= low - 0.3  # projected cosines spread by ~1/√PROJECTED around the true ones
+        if int(near.sum()) > MAX_PAIRS:  # coherent rows: this block's exact cosines, not millions of pairs
+            exact_block = unit[start:start + GRAM_CHUNK] @ unit.T
+            for c, level in zip(counts, levels, strict=True):
+                c[start:start + GRAM_CHUNK] = (exact_block >= level).sum(1) - 1
+            continue
+        pairs = near.nonzero()
         pairs = pairs[pairs[:, 0] + start != pairs[:, 1]]
         if len(pairs) == 0:
             continue

@@ -83,9 +83,15 @@ def layer_views(model: nn.Module) -> Iterator[LayerView]:
             order += 1
 
 
+EMBEDDING_NAMES = ("embed", "wte", "wpe", "word_embeddings", "position_embeddings", "token_type_embeddings")
+
+
 def tensor_views(tensors: dict[str, torch.Tensor]) -> Iterator[LayerView]:
     """Views from a bare state dict (no architecture): 2-D weights as (out, in), higher ones as kernels; each
-    ``NAME.weight``'s bias is ``NAME.bias`` when the shapes agree."""
+    ``NAME.weight``'s bias is ``NAME.bias`` when the shapes agree. Embeddings are known by name, and an output head
+    by having as many rows as the token embedding (its rows are tokens too)."""
+    vocab = {int(t.shape[0]) for k, t in tensors.items()
+             if t.dim() == 2 and any(n in k for n in EMBEDDING_NAMES) and "position" not in k and "wpe" not in k}
     order = 0
     for key, t in tensors.items():
         if t.dim() < 2 or not t.is_floating_point():
@@ -93,7 +99,8 @@ def tensor_views(tensors: dict[str, torch.Tensor]) -> Iterator[LayerView]:
         stem = key.removesuffix(".weight")
         bias = tensors.get(f"{stem}.bias") if key.endswith(".weight") else None
         b = bias.detach().double().flatten() if bias is not None and bias.numel() == t.shape[0] else None
-        role: Role = "embedding" if "embed" in key or key.endswith("wte.weight") or key.endswith("wpe.weight") else (
+        token_rows = t.dim() == 2 and int(t.shape[0]) in vocab
+        role: Role = "embedding" if token_rows or any(n in key for n in EMBEDDING_NAMES) else (
             "conv" if t.dim() > 2 else "dense")
         yield LayerView(stem, role, _matrix(t), b, order)
         order += 1
