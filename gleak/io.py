@@ -423,6 +423,21 @@ def _read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, n
 
 
+def is_safetensors(path: Path) -> bool:
+    """Whether ``path`` is framed as a safetensors file (a plausible header length, then a JSON object), from its
+    first 9 bytes: the cheap test before choosing a reader (:func:`read_safetensors` checks the rest)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        size = path.stat().st_size
+    except OSError:
+        return False
+    if len(head) < 9:
+        return False
+    (header_len,) = struct.unpack("<Q", head[:8])
+    return 0 < header_len <= size - 8 and head[8:9] == b"{"
+
+
 def safetensors_kind(path: Path) -> str | None:
     """``gleak.kind`` from a safetensors header, reading neither the tensors nor checking them (None when the
     file is not a readable safetensors file or records no kind): for telling gleak files apart cheaply."""

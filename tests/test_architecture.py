@@ -33,9 +33,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # and the reports record (no torch, so that gleak.report.model imports without it)
     ("gleak.capture", "gleak.model_check", "gleak.metrics"),
     ("gleak.models", "gleak.data", "gleak.losses"),
-    ("gleak.io", "gleak.errors", "gleak.registry", "gleak.reproducible", "gleak.settings", "gleak.timebox", "gleak"),
-    # foundations: files, errors, typed plug-in options, time stamps, the settings (each declared once) and their
-    # config files, deadlines and progress (timebox)
+    ("gleak.io", "gleak.errors", "gleak.lru", "gleak.registry", "gleak.reproducible", "gleak.settings", "gleak.timebox",
+     "gleak"),
+    # foundations: files, errors, bounded caches (lru), typed plug-in options, time stamps, the settings (each declared
+    # once) and their config files, deadlines and progress (timebox)
 )
 # Modules kept outside the layers for a deprecation period (their imports are not checked against the layers; cycles
 # through them are). None today: gleak.audit, the re-export of gleak.runs.audit, is gone (CHANGELOG, issue 36).

@@ -46,13 +46,13 @@ def check_state(state: Mapping[str, torch.Tensor], model: nn.Module | None = Non
     """The weight tests on received tensors; with the client's ``model``, its keys and shapes first, then its
     layers (so that orientation, e.g. GPT-2's Conv1D, is known)."""
     if model is None:
-        return check_views(list(tensor_views(dict(state))))
+        return check_views(tensor_views(dict(state)))
     hits = architecture_hits(state, model.state_dict(), "the client's model")
     if hits:
-        return hits + check_views(list(tensor_views(dict(state))))
+        return hits + check_views(tensor_views(dict(state)))
     received = copy.deepcopy(model)
     received.load_state_dict(dict(state), strict=True)
-    return check_views(list(layer_views(received)))
+    return check_views(layer_views(received))
 
 
 def guard(state: Mapping[str, torch.Tensor], mode: Mode = "refuse", model: nn.Module | None = None,

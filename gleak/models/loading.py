@@ -18,7 +18,6 @@ import json
 import os
 import pickle
 import pickletools
-import struct
 import sys
 import types
 import zipfile
@@ -36,6 +35,7 @@ from gleak.io import (
     check_input_file,
     check_input_shape,
     describe_key_mismatch,
+    is_safetensors,
     save_safetensors,
     show,
     tensors_sha256,
@@ -294,13 +294,10 @@ def _as_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
 
 def _sniff(path: Path) -> str | None:
     """Guess the format from the content: safetensors, torchscript, export, torch or None."""
-    with open(path, "rb") as f:
-        head = f.read(9)
-    size = path.stat().st_size
-    if len(head) == 9:
-        (header_len,) = struct.unpack("<Q", head[:8])
-        if 0 < header_len <= size - 8 and head[8:9] == b"{":
-            return "safetensors"
+    with open(path, "rb") as f:  # an unreadable file raises here (load_model turns OSError into one line)
+        head = f.read(1)
+    if is_safetensors(path):
+        return "safetensors"
     if zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as zf:

@@ -9,6 +9,7 @@ Robbing the Fed, trap weights and LOKI (modules inserted before the model), and 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 
 from gleak.data.images import load_dataset
 from gleak.errors import GleakError
-from gleak.io import file_sha256
+from gleak.io import file_sha256, header_value, is_safetensors, read_safetensors
 from gleak.models import LoadedModel, load_model
 from gleak.report.model import CheckModelReport, ProbeResult, ServerFinding
 from gleak.runs.inputs import ModelSpec, check_model_fits_data
@@ -25,24 +26,15 @@ from gleak.tamper.structure import Hit, Tier, architecture_hits, check_views
 from gleak.tamper.views import LayerView, layer_views, tensor_views
 
 
+def _counted(views: Iterator[LayerView], count: list[int]) -> Iterator[LayerView]:
+    for view in views:
+        count[0] += 1
+        yield view
+
+
 def _finding(hit: Hit) -> ServerFinding:
     return ServerFinding(rule=hit.rule, tier=hit.tier, layer=hit.layer, title=hit.title, metric=hit.metric,
                          measured=hit.measured, threshold=hit.threshold, null=hit.null)
-
-
-def _safetensors(path: Path) -> tuple[dict[str, Any], dict[str, str]] | None:
-    """(tensors, metadata) of a safetensors file, None for other formats."""
-    with path.open("rb") as f:
-        head = f.read(9)
-    if len(head) < 9 or head[8:9] != b"{":
-        return None
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
-    except Exception as exc:
-        raise GleakError(f"{path} is not a readable safetensors file: {str(exc).splitlines()[0][:200]}") from None
 
 
 def _architecture_hits(tensors: dict[str, Any], arch: str, kwargs: Any) -> list[Hit]:
@@ -89,11 +81,13 @@ def run_check_model(spec: ModelSpec, data: Path | None = None, probe: int = 64, 
     path = Path(spec.path)
     notes: list[str] = []
     hits: list[Hit] = []
-    views: list[LayerView]
-    read = _safetensors(path) if path.is_file() else None
+    views: Iterator[LayerView]
+    safetensors = path.is_file() and is_safetensors(path)
     loaded: LoadedModel | None = None
-    if read is not None and (spec.arch is not None or "gleak.arch" not in read[1]):
-        tensors, meta = read
+    if safetensors and (spec.arch is not None or header_value(path, "gleak.arch") is None):
+        # bare tensors (or --arch given): read them as they are, so that a file that does not fit the architecture
+        # is still tested; a zoo file names its architecture and loads below
+        tensors, meta = read_safetensors(path, "model file")
         if meta.get("gleak.kind") not in (None, "model"):
             raise GleakError(f"{path} is a gleak {meta['gleak.kind']} file, not a model")
         if spec.arch is not None:
@@ -101,20 +95,21 @@ def run_check_model(spec: ModelSpec, data: Path | None = None, probe: int = 64, 
         else:
             notes.append("no architecture (--arch): keys and shapes were not compared with the client's model, and "
                          "2-D tensors were read as (out, in) matrices")
-        views = list(tensor_views(tensors))
+        views = tensor_views(tensors)
         source = "safetensors tensors" + (f" against {spec.arch}" if spec.arch else "")
         parameters = sum(int(t.numel()) for t in tensors.values())
     else:
         loaded = load_model(path, spec.arch, spec.arch_kwargs, spec.trust_pickle, spec.trust_remote_code)
-        views = list(layer_views(loaded.module))
+        views = layer_views(loaded.module)
         source = loaded.source
         parameters = sum(int(p.numel()) for p in loaded.module.parameters())
-        if spec.arch is None and read is None and path.is_file():
+        if spec.arch is None and not safetensors and path.is_file():
             notes.append("keys and shapes were not compared with the client's own architecture (pass --arch with a "
                          "safetensors file for that check)")
-    if not views:
+    count = [0]
+    hits += check_views(_counted(views, count))  # one layer's view at a time
+    if count[0] == 0:
         raise GleakError(f"{path} has no weight matrix to check")
-    hits += check_views(views)
     result: ProbeResult | None = None
     if data is not None and loaded is None and spec.arch is None:
         raise GleakError("--data runs the model on your examples: it needs the model's architecture (a zoo model's "
@@ -136,6 +131,6 @@ def run_check_model(spec: ModelSpec, data: Path | None = None, probe: int = 64, 
                  "convolutional traps (LOKI) are not measured on data")
     return CheckModelReport.build({
         "model": str(path), "sha256": file_sha256(path) if path.is_file() else "", "source": source,
-        "verdict": verdict, "layers": len(views), "parameters": parameters,
+        "verdict": verdict, "layers": count[0], "parameters": parameters,
         "seconds": round(time.perf_counter() - start, 3), "findings": [f.model_dump() for f in findings],
         **({"probe": result.model_dump(exclude_none=True)} if result is not None else {}), "notes": notes})

@@ -185,16 +185,18 @@ SYNTAX = "NAME[:KEY=VALUE,...] (e.g. imprint:bins=128 or trap-weights:scale=0.99
 
 class Craft(Configurable):
     """A registered craft: typed options, applied to a copy of the model with a seed. ``input_layer``: it writes
-    into a linear layer reading the input (inserted in front of the model when it has none); ``rows()``: that
-    block's width."""
+    into a linear layer reading the input (inserted in front of the model when it has none); ``block_width``: the
+    option that sizes that block (:meth:`rows`)."""
 
     kind: ClassVar[str] = "server"
     paper: ClassVar[str]
     input_layer: ClassVar[bool] = True
+    block_width: ClassVar[str] = "rows"
     options: TypedOptions
 
     def rows(self) -> int:
-        return int(getattr(self.options, "rows", 64))
+        """The width of the block inserted in front of a model whose first layer is not linear."""
+        return int(getattr(self.options, self.block_width))
 
     def __init__(self, options: TypedOptions) -> None:
         self.options = options
@@ -218,10 +220,6 @@ class ImprintOptions(TypedOptions):
     noise: float = Field(0.0, ge=0, le=100, description="Gaussian noise on the rows, energy relative to the row's")
     shuffle: bool = Field(False, description="shuffle the rows (their order no longer follows the thresholds)")
 
-    @property
-    def rows(self) -> int:
-        return self.bins
-
 
 @CRAFTS.register
 class ImprintCraft(Craft):
@@ -229,10 +227,10 @@ class ImprintCraft(Craft):
     paper = "Fowl, Geiping, Czaja, Goldblum & Goldstein, Robbing the Fed, ICLR 2022"
     Options = ImprintOptions
 
+    block_width = "bins"
+
     def apply(self, model: nn.Module, seed: int) -> Crafted:
-        o = self.options
-        assert isinstance(o, ImprintOptions)
-        return imprint(model, o.bins, o.linfunc, o.mode, o.gain, o.noise, o.shuffle, seed)
+        return imprint(model, seed=seed, **self.options.model_dump())
 
 
 class TrapOptions(TypedOptions):
@@ -250,9 +248,7 @@ class TrapCraft(Craft):
     Options = TrapOptions
 
     def apply(self, model: nn.Module, seed: int) -> Crafted:
-        o = self.options
-        assert isinstance(o, TrapOptions)
-        return trap_weights(model, o.scale, o.sigma, o.mu, seed)
+        return trap_weights(model, seed=seed, **self.options.model_dump(exclude={"rows"}))
 
 
 class FishingOptions(TypedOptions):
@@ -269,9 +265,7 @@ class FishingCraft(Craft):
     input_layer = False
 
     def apply(self, model: nn.Module, seed: int) -> Crafted:
-        o = self.options
-        assert isinstance(o, FishingOptions)
-        return class_fishing(model, o.target, o.class_multiplier, o.bias_multiplier)
+        return class_fishing(model, **self.options.model_dump())
 
 
 def parse_craft(text: str, flag: str = "--server") -> Craft:

@@ -45,22 +45,28 @@ def imprint_rows(weight: torch.Tensor, min_rows: int = 4, level: float = 0.999) 
     return rows if len(rows) >= min_rows else []
 
 
-def invert(weight: torch.Tensor, bias: torch.Tensor, grad_w: torch.Tensor, grad_b: torch.Tensor, rows: list[int],
-           batch_size: int | None = None) -> Recovered:
-    """Inputs from the imprint rows ``rows`` of a layer (global ``weight``/``bias``; its gradient or update
-    ``grad_w``/``grad_b``). Rows are ordered by their threshold −b_i/|w_i| (cumulative bins), adjacent ones
-    differenced, and each bin with a non-zero bias difference divided out; with ``batch_size``, at most that many
-    are kept (those with the largest bias difference, breaching's default keeps the smallest |mean ∇W|)."""
-    if len(rows) < 2:
-        raise GleakError("no imprint rows in this layer (fewer than two parallel rows)")
+def bin_differences(weight: torch.Tensor, bias: torch.Tensor, grad_w: torch.Tensor, grad_b: torch.Tensor,
+                    rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bins of the imprint rows ``rows`` (global ``weight``/``bias``; the layer's gradient or update
+    ``grad_w``/``grad_b``): rows ordered by their threshold −b_i/‖w_i‖, each minus the next one (the last as is).
+    Returns (Δ∇W, Δ∇b, the rows in that order), float64; Δ∇W/Δ∇b is the bin's example when it holds one."""
     idx = torch.tensor(rows)
-    w, b = weight.detach().double()[idx], bias.detach().double()[idx]
-    gw, gb = grad_w.detach().double()[idx], grad_b.detach().double()[idx]
-    threshold = -b / w.norm(dim=1)
-    order = torch.argsort(threshold)
-    gw, gb = gw[order], gb[order]
+    threshold = -bias.detach().double()[idx] / weight.detach().double()[idx].norm(dim=1)
+    ordered = idx[torch.argsort(threshold)]
+    gw, gb = grad_w.detach().double()[ordered], grad_b.detach().double()[ordered]
     dw = gw - torch.cat([gw[1:], torch.zeros_like(gw[:1])])
     db = gb - torch.cat([gb[1:], torch.zeros_like(gb[:1])])
+    return dw, db, ordered
+
+
+def invert(weight: torch.Tensor, bias: torch.Tensor, grad_w: torch.Tensor, grad_b: torch.Tensor, rows: list[int],
+           batch_size: int | None = None) -> Recovered:
+    """Inputs from the imprint rows ``rows`` of a layer (:func:`bin_differences`): each bin with a non-zero bias
+    difference divided out; with ``batch_size``, at most that many are kept (those with the largest bias
+    difference, breaching's default keeps the smallest |mean ∇W|)."""
+    if len(rows) < 2:
+        raise GleakError("no imprint rows in this layer (fewer than two parallel rows)")
+    dw, db, ordered = bin_differences(weight, bias, grad_w, grad_b, rows)
     scale = float(db.abs().max()) if len(db) else 0.0
     if scale == 0.0:
         raise GleakError("the imprint rows carry no gradient: no sample fired them")
@@ -69,7 +75,7 @@ def invert(weight: torch.Tensor, bias: torch.Tensor, grad_w: torch.Tensor, grad_
         hit = hit[torch.argsort(db[hit].abs(), descending=True)[:batch_size]]
         hit = torch.sort(hit).values
     inputs = dw[hit] / db[hit, None]
-    return Recovered(inputs=inputs, bins=order[hit].tolist(), occupied=len(hit))
+    return Recovered(inputs=inputs, bins=ordered[hit].tolist(), occupied=len(hit))
 
 
 def invert_rows(grad_w: torch.Tensor, grad_b: torch.Tensor, limit: int | None = None, agree: float = 1e-4

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from gleak.tamper.craft import input_linear
-from gleak.tamper.imprint import imprint_rows
+from gleak.tamper.imprint import bin_differences, imprint_rows
 
 EXACT = 1e-3  # relative error (‖x̂ − x‖ / ‖x‖) of a copy: 60 dB; float32 rounding of an exact ratio sits near 1e-6
 TRAP_SHARE = 0.5  # half the batch copied exactly: honest models measured at ≤ 0.17 (docs/methods/server.md)
@@ -45,9 +45,7 @@ def _candidates(gw: torch.Tensor, gb: torch.Tensor, weight: torch.Tensor, bias: 
         out.append(gw[live] / gb[live, None])
     rows = imprint_rows(weight)
     if len(rows) >= 2:
-        idx = torch.tensor(rows)
-        order = idx[torch.argsort(-bias[idx] / weight[idx].norm(dim=1))]
-        dw, db = gw[order[:-1]] - gw[order[1:]], gb[order[:-1]] - gb[order[1:]]
+        dw, db, _ = bin_differences(weight, bias, gw, gb, rows)
         keep = db.abs() > 1e-12 * float(db.abs().max().clamp_min(1e-300))
         if bool(keep.any()):
             out.append(dw[keep] / db[keep, None])

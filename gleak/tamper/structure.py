@@ -15,7 +15,7 @@ from the honest null stated beside it; nothing here is fitted to particular mode
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -143,8 +143,8 @@ def constant_rows(view: LayerView) -> Hit | None:
         return None
     w = view.weight
     mean = w.mean(1, dtype=torch.float64)
-    cv = w.double().std(1) / mean.abs().clamp_min(1e-300) if w.shape[0] * w.shape[1] < 1 << 24 else torch.cat(
-        [w[i:i + GRAM_CHUNK].double().std(1) for i in range(0, w.shape[0], GRAM_CHUNK)]) / mean.abs().clamp_min(1e-300)
+    sd = torch.cat([w[i:i + GRAM_CHUNK].double().std(1) for i in range(0, w.shape[0], GRAM_CHUNK)])  # float64 in
+    cv = sd / mean.abs().clamp_min(1e-300)  # chunks: a VGG-sized layer is not copied whole
     hit = int(((cv < CONSTANT_CV) & (mean != 0)).sum())
     if hit == 0:
         return None
@@ -285,13 +285,16 @@ def architecture_hits(tensors: Mapping[str, torch.Tensor], reference: Mapping[st
     return hits
 
 
-def check_views(views: list[LayerView]) -> list[Hit]:
-    """Every test on every view, in layer order."""
+def check_views(views: Iterable[LayerView]) -> list[Hit]:
+    """Every test on every view, in layer order. ``views`` is consumed one layer at a time (a generator keeps one
+    float32 copy of a half-precision layer in memory, never the whole model's)."""
     hits: list[Hit] = []
-    first_conv = next((v.name for v in views if v.role == "conv"), None)
+    seen_conv = False
     for view in views:
-        for found in (duplicate_rows(view), constant_rows(view), trap_pairing(view),
-                      input_passing(view, view.name == first_conv), extreme_bias(view), zeroed_columns(view)):
+        first_conv = view.role == "conv" and not seen_conv
+        seen_conv = seen_conv or view.role == "conv"
+        for found in (duplicate_rows(view), constant_rows(view), trap_pairing(view), input_passing(view, first_conv),
+                      extreme_bias(view), zeroed_columns(view)):
             if found is not None:
                 hits.append(found)
     return hits

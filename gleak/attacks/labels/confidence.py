@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +61,7 @@ from gleak.attacks.labels import stacking
 from gleak.attacks.labels.stacking import Stack
 from gleak.data.images import Dataset
 from gleak.errors import GleakError
+from gleak.lru import BoundedLRU
 from gleak.metrics.labels import chance_scores, label_scores
 
 LEVEL = 0.9
@@ -71,43 +71,6 @@ CACHE_ENTRIES = 32  # calibrations a CalibrationCache keeps by default (least re
 DIRICHLET_ALPHA = 0.5  # the skewed batches' concentration (ClientConfig.dirichlet_alpha's default)
 CHANCE_DRAWS = 2000  # seeded label draws per composition: its chance iAcc (± 0.002) and the fit's reference
 FIT_LEVEL = 0.01  # recovered counts more concentrated than all but this share of the mixture's batches: no fit
-
-
-class CalibrationCache:
-    """Calibrations already made, keyed by (model weights, aux data, settings, attacks, options): a bounded LRU
-    owned by whoever runs the attacks (an audit, a sweep, a host program) and passed to :func:`calibrate`.
-
-    At most ``max_entries`` (default :data:`CACHE_ENTRIES`, 32) calibrations are kept; storing one more drops the
-    least recently used. Separate from the aux-set forward caches (those keep tensors, this keeps summaries)."""
-
-    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
-        if max_entries < 1:
-            raise ValueError(f"a CalibrationCache keeps at least 1 entry, got {max_entries}")
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[Any, ...], dict[str, Confidence]] = OrderedDict()
-
-    def get(self, key: tuple[Any, ...]) -> dict[str, Confidence] | None:
-        """The calibration stored under ``key`` (now the most recently used), or None."""
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
-
-    def put(self, key: tuple[Any, ...], value: dict[str, Confidence]) -> None:
-        """Store ``value`` under ``key``, dropping the least recently used entries past ``max_entries``."""
-        self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
 
 
 def concentration(counts: np.ndarray | torch.Tensor | Sequence[int]) -> np.ndarray:
@@ -295,6 +258,17 @@ class Confidence:
             if fit is not None:
                 out["fit"] = fit
         return out
+
+
+class CalibrationCache(BoundedLRU[tuple[Any, ...], dict[str, Confidence]]):
+    """Calibrations already made, keyed by (model weights, aux data, settings, attacks, options): a bounded LRU
+    owned by whoever runs the attacks (an audit, a sweep, a host program) and passed to :func:`calibrate`.
+
+    At most ``max_entries`` (default :data:`CACHE_ENTRIES`, 32) calibrations are kept; storing one more drops the
+    least recently used. Separate from the aux-set forward caches (those keep tensors, this keeps summaries)."""
+
+    def __init__(self, max_entries: int = CACHE_ENTRIES) -> None:
+        super().__init__(max_entries)
 
 
 def _measured_json(m: Measured, comp: Composition | None) -> dict[str, Any]:

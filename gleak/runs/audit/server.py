@@ -4,8 +4,7 @@ trap, medium for an outlier. Each model is checked once per cache (a run reuses 
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from gleak.lru import BoundedLRU
 from gleak.models import LoadedModel
 from gleak.report.model import Finding
 from gleak.tamper.structure import Hit, check_views
@@ -15,28 +14,21 @@ SEVERITY = {"trap": "critical", "suspicious": "medium"}
 CHECKS_KEPT = 64  # models whose check results an audit keeps (a few hundred bytes each)
 
 
-class ModelChecks:
+class ModelChecks(BoundedLRU[str, list[Hit]]):
     """The weight tests' results by the weights' hash, least recently used dropped past ``max_entries``: a run's
     captures share their round's model, which is checked once."""
 
     def __init__(self, max_entries: int = CHECKS_KEPT) -> None:
-        self.max_entries = max_entries
-        self._entries: OrderedDict[str, list[Hit]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(max_entries)
 
     def hits(self, loaded: LoadedModel) -> list[Hit]:
         """The weight tests on ``loaded``, from the cache when its hash was checked before."""
         key = loaded.weights_sha256
-        if key and key in self._entries:
-            self._entries.move_to_end(key)
-            return self._entries[key]
-        found = check_views(list(layer_views(loaded.module)))
-        if key:
-            self._entries[key] = found
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+        found = self.get(key) if key else None
+        if found is None:
+            found = check_views(layer_views(loaded.module))
+            if key:
+                self.put(key, found)
         return found
 
 

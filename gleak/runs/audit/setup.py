@@ -19,6 +19,7 @@ from gleak.data.images import Dataset
 from gleak.data.text import TextData
 from gleak.errors import GleakError, Origin
 from gleak.io import probe_input, safetensors_kind, show
+from gleak.lru import BoundedLRU
 from gleak.models import LoadedModel, is_text_model_dir, load_model
 from gleak.runs.audit.server import ModelChecks
 from gleak.runs.inputs import memory_limit
@@ -147,32 +148,14 @@ HASH_CACHE_ENTRIES = 4096  # model files whose weights' sha256 a HashCache remem
 _FileKey = tuple[str, int, int, str | None, str | None]
 
 
-class HashCache:
+class HashCache(BoundedLRU[_FileKey, str]):
     """The weights' sha256 of model files already hashed, keyed by (resolved path, size, modification time, arch,
     arch kwargs): a bounded LRU of at most ``max_entries`` files, owned by whoever indexes models (a
     :class:`ModelSet` has its own; pass one to :meth:`ModelSet.load` to share it between runs). A file changed in
     size or modification time is hashed again."""
 
     def __init__(self, max_entries: int = HASH_CACHE_ENTRIES) -> None:
-        if max_entries < 1:
-            raise ValueError(f"a HashCache keeps at least 1 entry, got {max_entries}")
-        self.max_entries = max_entries
-        self._entries: OrderedDict[_FileKey, str] = OrderedDict()
-
-    def get(self, key: _FileKey) -> str | None:
-        found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
-
-    def put(self, key: _FileKey, sha256: str) -> None:
-        self._entries[key] = sha256
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(max_entries)
 
 
 def _file_key(path: Path, config: AuditConfig | None) -> _FileKey | None:
